@@ -1,0 +1,326 @@
+"""Calibration metrics as pure functions of probabilities and labels.
+
+Every metric is computed in two steps: per-bin *sufficient statistics* (counts, sums of
+confidence, sums of correctness, all float64) and a formula over them. The streaming
+accumulator in :mod:`hf_calibrate.metrics.streaming` sums the same statistics across
+batches and processes and applies the same formulas, so one-shot and streaming results
+agree to rounding.
+
+Notation (DESIGN §2): probabilities ``p`` (N×C), labels ``y`` (N,), confidence
+``c_i = max_k p_ik``, prediction ``ŷ_i = argmax_k p_ik`` (ties → lowest index), correctness
+``a_i = [ŷ_i = y_i]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Tuple
+
+import numpy as np
+import torch
+
+from ._checks import BINNINGS, NORMS, check_choice, check_n_bins, prepare_inputs, row_chunks
+
+Binning = Literal["equal_width", "equal_mass"]
+Norm = Literal["l1", "l2", "max"]
+
+NLL_CLAMP = 1e-12
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def top_label(probs: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Return float64 confidences ``c`` (N,) and float64 correctness ``a`` (N,)."""
+    confidences, predictions = probs.max(dim=1)
+    return confidences.double(), (predictions == labels).double()
+
+
+def _equal_width_bin_index(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Bin b holds (b/B, (b+1)/B]; exactly 0 goes to bin 0 and 1.0 to bin B-1."""
+    boundaries = torch.arange(n_bins + 1, dtype=torch.float64, device=values.device) / n_bins
+    index = torch.bucketize(values.double(), boundaries, right=False) - 1
+    return index.clamp_(0, n_bins - 1)
+
+
+def _equal_mass_bin_index(num_samples: int, n_bins: int, device: torch.device) -> torch.Tensor:
+    """Bin of each sorted position: the first ``N mod B`` bins hold ⌈N/B⌉ samples, the rest ⌊N/B⌋."""
+    small, extra = divmod(num_samples, n_bins)
+    position = torch.arange(num_samples, device=device)
+    cut = extra * (small + 1)
+    large_bins = torch.div(position, small + 1, rounding_mode="floor")
+    if small == 0:  # fewer samples than bins: one sample per bin, trailing bins empty
+        return large_bins
+    return torch.where(position < cut, large_bins, extra + torch.div(position - cut, small, rounding_mode="floor"))
+
+
+def _scatter_statistics(
+    bin_index: torch.Tensor, confidences: torch.Tensor, correct: torch.Tensor, n_bins: int
+) -> torch.Tensor:
+    stats = torch.zeros(3, n_bins, dtype=torch.float64, device=confidences.device)
+    stats[0].scatter_add_(0, bin_index, torch.ones_like(confidences))
+    stats[1].scatter_add_(0, bin_index, confidences)
+    stats[2].scatter_add_(0, bin_index, correct)
+    return stats
+
+
+def equal_width_statistics(confidences: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Per-bin (count, Σ confidence, Σ correct), shape (3, B), equal-width bins."""
+    return _scatter_statistics(_equal_width_bin_index(confidences, n_bins), confidences, correct, n_bins)
+
+
+def equal_mass_statistics(confidences: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Per-bin (count, Σ confidence, Σ correct), shape (3, B), equal-mass bins.
+
+    Samples are ordered by confidence, ties broken by correctness (wrong first), so the
+    result does not depend on the order of the samples.
+    """
+    by_correct = torch.argsort(correct, stable=True)
+    order = by_correct[torch.argsort(confidences[by_correct], stable=True)]
+    bin_index = _equal_mass_bin_index(confidences.shape[0], n_bins, confidences.device)
+    return _scatter_statistics(bin_index, confidences[order], correct[order], n_bins)
+
+
+def classwise_statistics(probs: torch.Tensor, labels: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Per-class, per-bin (count, Σ p_k, Σ [y=k]), shape (3, C, B), equal-width bins over p_k."""
+    num_classes = probs.shape[1]
+    stats = torch.zeros(3, num_classes * n_bins, dtype=torch.float64, device=probs.device)
+    class_offset = torch.arange(num_classes, device=probs.device) * n_bins
+    for chunk, chunk_labels in row_chunks(probs, labels):
+        chunk = chunk.double()
+        flat_index = (_equal_width_bin_index(chunk, n_bins) + class_offset).reshape(-1)
+        stats[0].scatter_add_(0, flat_index, torch.ones_like(chunk).reshape(-1))
+        stats[1].scatter_add_(0, flat_index, chunk.reshape(-1))
+        label_index = flat_index.view(chunk.shape).gather(1, chunk_labels[:, None]).squeeze(1)
+        stats[2].scatter_add_(0, label_index, torch.ones_like(label_index, dtype=torch.float64))
+    return stats.view(3, num_classes, n_bins)
+
+
+def nll_and_brier_sums(probs: torch.Tensor, labels: torch.Tensor) -> Tuple[float, float]:
+    """Σ_i −log max(p_{i,y_i}, 1e-12) and Σ_i Σ_k (p_ik − [y_i=k])², float64."""
+    nll_sum = torch.zeros((), dtype=torch.float64, device=probs.device)
+    brier_sum = torch.zeros((), dtype=torch.float64, device=probs.device)
+    for chunk, chunk_labels in row_chunks(probs, labels):
+        chunk = chunk.double()
+        p_true = chunk.gather(1, chunk_labels[:, None]).squeeze(1)
+        nll_sum -= p_true.clamp(min=NLL_CLAMP).log().sum()
+        brier_sum += (chunk.square().sum(dim=1) - 2.0 * p_true + 1.0).sum()
+    return float(nll_sum), float(brier_sum)
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def calibration_error_from_statistics(stats: torch.Tensor, norm: Norm = "l1") -> float:
+    """ECE (l1), RMS calibration error (l2) or MCE (max) from (3, B) bin statistics.
+
+    With ``n_b`` the count, ``gap_b = |Σa/n_b − Σc/n_b|`` and ``N = Σ n_b``:
+    l1 = Σ_b (n_b/N)·gap_b, l2 = sqrt(Σ_b (n_b/N)·gap_b²), max = max over non-empty bins of gap_b.
+    Empty bins contribute nothing.
+    """
+    counts, confidence_sums, correct_sums = stats
+    total = counts.sum()
+    if total <= 0:
+        raise ValueError("no samples were seen; calibration error is undefined.")
+    filled = counts > 0
+    gaps = (correct_sums[filled] - confidence_sums[filled]).abs() / counts[filled]
+    weights = counts[filled] / total
+    if norm == "l1":
+        return float((weights * gaps).sum())
+    if norm == "l2":
+        return float((weights * gaps.square()).sum().sqrt())
+    return float(gaps.max())
+
+
+def classwise_error_from_statistics(stats: torch.Tensor) -> float:
+    """Mean over classes of the per-class equal-width ECE, from (3, C, B) statistics."""
+    counts, prob_sums, frequency_sums = stats
+    num_samples = counts[0].sum()
+    per_class = (frequency_sums - prob_sums).abs().sum(dim=1) / num_samples
+    return float(per_class.mean())
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def expected_calibration_error(
+    probs: Any,
+    labels: Any,
+    *,
+    n_bins: int = 15,
+    binning: Binning = "equal_width",
+    norm: Norm = "l1",
+    from_logits: bool = False,
+) -> float:
+    r"""Top-label expected calibration error.
+
+    .. math:: \mathrm{ECE} = \sum_b \frac{n_b}{N}\,\bigl|\overline{a}_b - \overline{c}_b\bigr|
+
+    Equal-width bins are (b/B, (b+1)/B] (0 goes in the first bin, 1 in the last);
+    ``binning="equal_mass"`` (AdaECE) sorts the confidences and splits them into B bins of
+    ⌈N/B⌉ or ⌊N/B⌋ samples. ``norm="l2"`` gives the RMS calibration error and
+    ``norm="max"`` the maximum calibration error (MCE).
+
+    Args:
+        probs: (N, C) probabilities, rows summing to 1 (logits with ``from_logits=True``).
+        labels: (N,) integer class indices in [0, C).
+        n_bins: number of bins B (≥ 1).
+        binning: ``"equal_width"`` or ``"equal_mass"``.
+        norm: ``"l1"``, ``"l2"`` or ``"max"``.
+        from_logits: apply softmax to ``probs`` first.
+
+    Returns:
+        The error as a Python float in [0, 1].
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]])
+        >>> round(expected_calibration_error(probs, torch.tensor([0, 1, 1]), n_bins=10), 4)
+        0.4167
+    """
+    n_bins = check_n_bins(n_bins)
+    check_choice(binning, "binning", BINNINGS)
+    check_choice(norm, "norm", NORMS)
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    confidences, correct = top_label(probs, labels)
+    statistics = equal_width_statistics if binning == "equal_width" else equal_mass_statistics
+    return calibration_error_from_statistics(statistics(confidences, correct, n_bins), norm)
+
+
+def adaptive_calibration_error(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> float:
+    """AdaECE: :func:`expected_calibration_error` with equal-mass bins.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]])
+        >>> round(adaptive_calibration_error(probs, torch.tensor([0, 1, 1]), n_bins=3), 4)
+        0.4167
+    """
+    return expected_calibration_error(probs, labels, n_bins=n_bins, binning="equal_mass", from_logits=from_logits)
+
+
+def maximum_calibration_error(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> float:
+    """MCE: the largest |accuracy − confidence| gap over non-empty equal-width bins.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]])
+        >>> round(maximum_calibration_error(probs, torch.tensor([0, 1, 1]), n_bins=10), 4)
+        0.85
+    """
+    return expected_calibration_error(probs, labels, n_bins=n_bins, norm="max", from_logits=from_logits)
+
+
+def classwise_calibration_error(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> float:
+    r"""Classwise ECE (static calibration error, SCE).
+
+    For each class k, the N values p_ik are put in equal-width bins and compared with the
+    frequency of y = k in each bin; the per-class ECEs are averaged over the C classes:
+
+    .. math:: \mathrm{SCE} = \frac{1}{C}\sum_k \sum_b \frac{n_{kb}}{N}\,
+              \bigl|\overline{[y=k]}_{kb} - \overline{p_k}_{kb}\bigr|
+
+    Memory is O(C·B) plus a bounded chunk of rows.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]])
+        >>> round(classwise_calibration_error(probs, torch.tensor([0, 1, 1]), n_bins=10), 4)
+        0.4167
+    """
+    n_bins = check_n_bins(n_bins)
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    return classwise_error_from_statistics(classwise_statistics(probs, labels, n_bins))
+
+
+def negative_log_likelihood(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
+    """Mean of −log p_{i,y_i} (nats), with p clamped at ≥ 1e-12 for the log only.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
+        >>> round(negative_log_likelihood(probs, torch.tensor([0, 1])), 4)
+        0.4904
+    """
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    return nll_and_brier_sums(probs, labels)[0] / probs.shape[0]
+
+
+def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
+    """Mean over samples of Σ_k (p_ik − [y_i = k])², summed (not averaged) over classes.
+
+    Ranges over [0, 2]. sklearn-style multiclass Brier scores divide this by C.
+
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
+        >>> round(brier_score(probs, torch.tensor([0, 1])), 4)
+        0.3125
+    """
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    return nll_and_brier_sums(probs, labels)[1] / probs.shape[0]
+
+
+def accuracy(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
+    """Fraction of samples whose argmax (lowest index on ties) equals the label.
+
+    Example:
+        >>> import torch
+        >>> accuracy(torch.tensor([[0.5, 0.5], [0.25, 0.75]]), torch.tensor([1, 1]))
+        0.5
+    """
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    return float(top_label(probs, labels)[1].mean())
+
+
+@dataclass(frozen=True)
+class ReliabilityBins:
+    """Data of a reliability diagram (equal-width bins), computed apart from any drawing.
+
+    Attributes:
+        edges: (B+1,) bin edges b/B.
+        counts: (B,) number of samples per bin.
+        mean_confidence: (B,) mean confidence per bin, NaN for empty bins.
+        accuracy: (B,) accuracy per bin, NaN for empty bins.
+        ece: the equal-width ECE of the same bins.
+    """
+
+    edges: np.ndarray
+    counts: np.ndarray
+    mean_confidence: np.ndarray
+    accuracy: np.ndarray
+    ece: float
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.counts.shape[0])
+
+    @classmethod
+    def from_statistics(cls, stats: torch.Tensor) -> "ReliabilityBins":
+        counts, confidence_sums, correct_sums = stats.cpu().numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_confidence = np.where(counts > 0, confidence_sums / counts, np.nan)
+            bin_accuracy = np.where(counts > 0, correct_sums / counts, np.nan)
+        n_bins = counts.shape[0]
+        return cls(
+            edges=np.arange(n_bins + 1, dtype=np.float64) / n_bins,
+            counts=counts.astype(np.int64),
+            mean_confidence=mean_confidence,
+            accuracy=bin_accuracy,
+            ece=calibration_error_from_statistics(stats, "l1"),
+        )
+
+
+def reliability_bins(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> ReliabilityBins:
+    """Per-bin count, mean confidence and accuracy over equal-width confidence bins.
+
+    Example:
+        >>> import torch
+        >>> bins = reliability_bins(torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([0, 0]), n_bins=5)
+        >>> bins.counts.tolist()
+        [0, 0, 0, 1, 1]
+    """
+    n_bins = check_n_bins(n_bins)
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    confidences, correct = top_label(probs, labels)
+    return ReliabilityBins.from_statistics(equal_width_statistics(confidences, correct, n_bins))

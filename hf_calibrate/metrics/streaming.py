@@ -1,0 +1,179 @@
+"""Streaming calibration metrics: a thin stateful accumulator over the functional core.
+
+State (float64, on the device of the first batch):
+    equal-width bin statistics (3, B), classwise statistics (3, C, B), Σ NLL, Σ Brier, and,
+    only when ``adaptive=True``, the top-label confidence and correctness of each sample
+    (2 floats per sample, needed for equal-mass bins). Full probability rows are never kept.
+
+Across processes (``torch.distributed``, which Accelerate and torchrun initialise), sums are
+all-reduced and the per-sample pairs gathered when :meth:`CalibrationMetrics.compute` runs;
+the local state is left untouched, so ``compute`` may be called any number of times.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from ._checks import check_n_bins, prepare_inputs
+from .functional import (
+    ReliabilityBins,
+    calibration_error_from_statistics,
+    classwise_error_from_statistics,
+    classwise_statistics,
+    equal_mass_statistics,
+    equal_width_statistics,
+    nll_and_brier_sums,
+    top_label,
+)
+
+METRIC_NAMES = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "classwise_ece", "nll", "brier")
+
+
+def _distributed_world() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def _all_gather_variable(values: torch.Tensor) -> torch.Tensor:
+    """Concatenate 1-D tensors of different lengths from every process (rank order)."""
+    world = dist.get_world_size()
+    length = torch.tensor([values.shape[0]], device=values.device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length)
+    longest = int(max(int(n) for n in lengths))
+    padded = torch.zeros(longest, dtype=values.dtype, device=values.device)
+    padded[: values.shape[0]] = values
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return torch.cat([part[: int(n)] for part, n in zip(gathered, lengths)])
+
+
+class CalibrationMetrics:
+    """Accumulate calibration metrics over batches, and across processes.
+
+    Args:
+        num_classes: number of classes C.
+        n_bins: number of bins B for every binned metric.
+        adaptive: also compute AdaECE (equal-mass bins), which keeps 2 floats per sample;
+            with ``False`` memory is O(B·C) whatever the number of samples.
+
+    ``compute()`` returns a dict with ``accuracy``, ``ece`` (equal-width, l1), ``ada_ece``
+    (equal-mass; only with ``adaptive``), ``mce`` (max), ``rms_ce`` (l2), ``classwise_ece``,
+    ``nll`` (nats), ``brier`` (summed over classes) and ``num_samples``.
+
+    Under several processes every process must call ``compute()`` (it communicates), and
+    each sample must be passed to ``update`` on exactly one process.
+
+    Example:
+        >>> import torch
+        >>> metrics = CalibrationMetrics(num_classes=2, n_bins=10)
+        >>> metrics.update(torch.tensor([[0.95, 0.05], [0.85, 0.15]]), torch.tensor([0, 1]))
+        >>> metrics.update(torch.tensor([[0.35, 0.65]]), torch.tensor([1]))
+        >>> result = metrics.compute()
+        >>> round(result["ece"], 4), result["num_samples"]
+        (0.4167, 3)
+    """
+
+    def __init__(self, num_classes: int, n_bins: int = 15, *, adaptive: bool = True) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}.")
+        self.num_classes = num_classes
+        self.n_bins = check_n_bins(n_bins)
+        self.adaptive = adaptive
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every sample seen so far."""
+        self._width_stats: torch.Tensor | None = None
+        self._class_stats: torch.Tensor | None = None
+        self._sums: torch.Tensor | None = None  # (Σ NLL, Σ Brier)
+        self._confidences: List[torch.Tensor] = []
+        self._correct: List[torch.Tensor] = []
+
+    @property
+    def device(self) -> torch.device | None:
+        return None if self._width_stats is None else self._width_stats.device
+
+    def update(self, probs: Any, labels: Any, *, from_logits: bool = False, validate: bool = True) -> None:
+        """Add a batch: ``probs`` (n, C) probabilities (logits with ``from_logits``), ``labels`` (n,)."""
+        probs, labels = prepare_inputs(probs, labels, from_logits=from_logits, validate=validate)
+        if probs.shape[1] != self.num_classes:
+            raise ValueError(
+                f"this accumulator was built for {self.num_classes} classes but the batch has "
+                f"{probs.shape[1]} columns."
+            )
+        if self._width_stats is None:
+            self._width_stats = torch.zeros(3, self.n_bins, dtype=torch.float64, device=probs.device)
+            self._class_stats = torch.zeros(
+                3, self.num_classes, self.n_bins, dtype=torch.float64, device=probs.device
+            )
+            self._sums = torch.zeros(2, dtype=torch.float64, device=probs.device)
+        elif probs.device != self.device:
+            raise ValueError(
+                f"this accumulator holds its state on {self.device} but the batch is on "
+                f"{probs.device}; keep every batch on one device."
+            )
+        confidences, correct = top_label(probs, labels)
+        self._width_stats += equal_width_statistics(confidences, correct, self.n_bins)
+        self._class_stats += classwise_statistics(probs, labels, self.n_bins)
+        self._sums += torch.tensor(nll_and_brier_sums(probs, labels), dtype=torch.float64, device=probs.device)
+        if self.adaptive:
+            self._confidences.append(confidences)
+            self._correct.append(correct)
+
+    def _synced_state(self, sync: bool):
+        if self._width_stats is None:
+            raise ValueError("no samples were added: call update() with at least one batch before compute().")
+        width, classes, sums = self._width_stats.clone(), self._class_stats.clone(), self._sums.clone()
+        confidences = torch.cat(self._confidences) if self.adaptive else None
+        correct = torch.cat(self._correct) if self.adaptive else None
+        if sync and _distributed_world() > 1:
+            for tensor in (width, classes, sums):
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            if self.adaptive:
+                confidences = _all_gather_variable(confidences)
+                correct = _all_gather_variable(correct)
+        return width, classes, sums, confidences, correct
+
+    def compute(self, *, sync: bool = True) -> Dict[str, float]:
+        """Metric dict over every sample seen (on every process when ``sync`` and distributed)."""
+        width, classes, sums, confidences, correct = self._synced_state(sync)
+        num_samples = int(width[0].sum())
+        result: Dict[str, Any] = {
+            "accuracy": float(width[2].sum()) / num_samples,
+            "ece": calibration_error_from_statistics(width, "l1"),
+            "mce": calibration_error_from_statistics(width, "max"),
+            "rms_ce": calibration_error_from_statistics(width, "l2"),
+            "classwise_ece": classwise_error_from_statistics(classes),
+            "nll": float(sums[0]) / num_samples,
+            "brier": float(sums[1]) / num_samples,
+            "num_samples": num_samples,
+        }
+        if self.adaptive:
+            result["ada_ece"] = calibration_error_from_statistics(
+                equal_mass_statistics(confidences, correct, self.n_bins), "l1"
+            )
+        return result
+
+    def reliability(self, *, sync: bool = True) -> ReliabilityBins:
+        """Reliability-diagram data (equal-width bins) over every sample seen."""
+        return ReliabilityBins.from_statistics(self._synced_state(sync)[0])
+
+
+def calibration_report(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> Dict[str, float]:
+    """Every metric of :class:`CalibrationMetrics` on one (N, C) array, in one pass.
+
+    Example:
+        >>> import torch
+        >>> report = calibration_report(torch.tensor([[0.95, 0.05], [0.35, 0.65]]), torch.tensor([0, 1]))
+        >>> round(report["accuracy"], 2), round(report["ece"], 2)
+        (1.0, 0.2)
+    """
+    probs, labels = prepare_inputs(probs, labels, from_logits=from_logits)
+    metrics = CalibrationMetrics(probs.shape[1], n_bins=n_bins)
+    metrics.update(probs, labels, validate=False)
+    return metrics.compute(sync=False)
