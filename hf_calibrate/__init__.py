@@ -1,6 +1,24 @@
-"""hf_calibrate: calibration for Hugging Face timm and transformers classifiers."""
+"""hf_calibrate: calibration for Hugging Face timm and transformers classifiers.
 
+Importing the package registers ``CalibratedModel`` with the transformers Auto classes, so
+``pipeline(task, model="user/calibrated-repo")`` loads the calibrated model.
+"""
+
+from . import calibrators, metrics
+from .calibrators import CALIBRATORS
+from .fitting import EngineOptions
+from .modeling import CalibratedConfig, CalibratedModel, register_auto_classes
 from .version import __version__
-from . import metrics
 
-__all__ = ["__version__", "metrics"]
+register_auto_classes()
+
+__all__ = [
+    "CALIBRATORS",
+    "CalibratedConfig",
+    "CalibratedModel",
+    "EngineOptions",
+    "__version__",
+    "calibrators",
+    "metrics",
+    "register_auto_classes",
+]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import torch
-import torch.distributed as dist
 
+from .._distributed import all_gather_variable, all_reduce_sum_, world_size
 from ._checks import check_n_bins, prepare_inputs
 from .functional import (
     ReliabilityBins,
@@ -28,29 +28,6 @@ from .functional import (
     nll_and_brier_sums,
     top_label,
 )
-
-METRIC_NAMES = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "classwise_ece", "nll", "brier")
-
-
-def _distributed_world() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
-def _all_gather_variable(values: torch.Tensor) -> torch.Tensor:
-    """Concatenate 1-D tensors of different lengths from every process (rank order)."""
-    world = dist.get_world_size()
-    length = torch.tensor([values.shape[0]], device=values.device)
-    lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
-    longest = int(max(int(n) for n in lengths))
-    padded = torch.zeros(longest, dtype=values.dtype, device=values.device)
-    padded[: values.shape[0]] = values
-    gathered = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
-    return torch.cat([part[: int(n)] for part, n in zip(gathered, lengths)])
-
 
 class CalibrationMetrics:
     """Accumulate calibration metrics over batches, and across processes.
@@ -131,12 +108,12 @@ class CalibrationMetrics:
         width, classes, sums = self._width_stats.clone(), self._class_stats.clone(), self._sums.clone()
         confidences = torch.cat(self._confidences) if self.adaptive else None
         correct = torch.cat(self._correct) if self.adaptive else None
-        if sync and _distributed_world() > 1:
+        if sync and world_size() > 1:
             for tensor in (width, classes, sums):
-                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+                all_reduce_sum_(tensor)
             if self.adaptive:
-                confidences = _all_gather_variable(confidences)
-                correct = _all_gather_variable(correct)
+                confidences = all_gather_variable(confidences)
+                correct = all_gather_variable(correct)
         return width, classes, sums, confidences, correct
 
     def compute(self, *, sync: bool = True) -> Dict[str, float]:

@@ -1,0 +1,54 @@
+"""Backbone adapters: one interface over timm, transformers vision/text and plain modules."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import nn
+
+from .base import Backbone, Inputs
+from .timm_models import TimmBackbone, is_timm_model
+from .torch_modules import TorchBackbone
+from .transformers_models import TransformersTextBackbone, TransformersVisionBackbone, transformers_task
+
+SUPPORTED = (
+    "timm classifiers (timm.create_model(...)), transformers AutoModelForImageClassification and "
+    "AutoModelForSequenceClassification models, or a plain torch.nn.Module mapping a tensor to "
+    "(batch, num_classes) logits"
+)
+
+
+def adapt(model: nn.Module, *, num_classes: Optional[int] = None) -> Backbone:
+    """Pick the adapter for ``model``; raise a clear error for unsupported models."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}. Supported: {SUPPORTED}.")
+    if is_timm_model(model):
+        if not getattr(model, "num_classes", 0):
+            raise TypeError(
+                f"this timm {type(model).__name__} has no classifier (num_classes=0); create it with "
+                "num_classes > 0 to calibrate it."
+            )
+        return TimmBackbone(model)
+    task = transformers_task(model)
+    if task == "image-classification":
+        return TransformersVisionBackbone(model)
+    if task == "text-classification":
+        return TransformersTextBackbone(model)
+    if type(model).__module__.startswith("transformers."):
+        raise TypeError(
+            f"{type(model).__name__} is not a classification model this library can calibrate. "
+            f"Supported: {SUPPORTED}."
+        )
+    return TorchBackbone(model, num_classes=num_classes)
+
+
+__all__ = [
+    "Backbone",
+    "Inputs",
+    "SUPPORTED",
+    "TimmBackbone",
+    "TorchBackbone",
+    "TransformersTextBackbone",
+    "TransformersVisionBackbone",
+    "adapt",
+]

@@ -1,0 +1,128 @@
+"""Adapters for transformers image- and sequence-classification models.
+
+Vision: δ has the shape of one ``pixel_values`` sample and is added after the image
+processor's normalisation. Text: δ is one vector of the hidden size added to the word
+embedding of every non-padding token (position-independent) — our extension of Neural
+Clamping to text; the model is then run from ``inputs_embeds``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .base import Backbone, Inputs
+
+
+def _is_pretrained_model(model: nn.Module) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def transformers_task(model: nn.Module) -> Optional[str]:
+    """``"image-classification"``, ``"text-classification"`` or None for other models."""
+    if not _is_pretrained_model(model):
+        return None
+    name = type(model).__name__
+    if name.endswith("ForImageClassification") and model.main_input_name == "pixel_values":
+        return "image-classification"
+    if name.endswith("ForSequenceClassification") and model.main_input_name == "input_ids":
+        return "text-classification"
+    return None
+
+
+class _TransformersBackbone(Backbone):
+    library = "transformers"
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.model.config.num_labels)
+
+    @property
+    def id2label(self) -> Dict[int, str]:
+        return {int(index): str(name) for index, name in self.model.config.id2label.items()}
+
+    def _run(self, inputs: Inputs) -> Tuple[torch.Tensor, Any]:
+        output = self.model(**inputs)
+        return self.check_logits(output.logits), output
+
+    def wrap_output(self, logits: torch.Tensor, raw_output: Any, positional: bool, loss: Optional[torch.Tensor]) -> Any:
+        raw_output["logits"] = logits
+        if loss is not None:
+            raw_output["loss"] = loss
+        return raw_output
+
+
+class TransformersVisionBackbone(_TransformersBackbone):
+    """``AutoModelForImageClassification`` models (including transformers' timm wrapper)."""
+
+    modality = "image"
+    delta_space = "pixel_values"
+    input_key = "pixel_values"
+
+    def default_delta_shape(self) -> Optional[Tuple[int, ...]]:
+        config = self.model.config
+        pretrained_cfg = getattr(config, "pretrained_cfg", None)
+        if isinstance(pretrained_cfg, dict) and "input_size" in pretrained_cfg:
+            return tuple(int(v) for v in pretrained_cfg["input_size"])
+        size = getattr(config, "image_size", None)
+        channels = getattr(config, "num_channels", None)
+        if size is None or channels is None:
+            return None
+        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        return (int(channels), int(height), int(width))
+
+    def preprocessing(self) -> Dict[str, Any]:
+        pretrained_cfg = getattr(self.model.config, "pretrained_cfg", None)
+        if isinstance(pretrained_cfg, dict):
+            keys = ("input_size", "mean", "std", "interpolation", "crop_pct")
+            return {key: pretrained_cfg[key] for key in keys if key in pretrained_cfg}
+        return {}
+
+    def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
+        if delta is not None:
+            pixels = inputs[self.input_key]
+            self.check_delta(pixels, delta, per_sample_dims=delta.ndim)
+            inputs = {**inputs, self.input_key: pixels + delta.to(pixels.dtype)}
+        return self._run(inputs)
+
+
+class TransformersTextBackbone(_TransformersBackbone):
+    """``AutoModelForSequenceClassification`` models; δ lives in word-embedding space."""
+
+    modality = "text"
+    delta_space = "inputs_embeds"
+    input_key = "input_ids"
+
+    def default_delta_shape(self) -> Tuple[int, ...]:
+        return (int(self.model.get_input_embeddings().embedding_dim),)
+
+    def token_mask(self, inputs: Inputs) -> torch.Tensor:
+        """(N, L) float mask of the tokens δ is added to: every non-padding token."""
+        if inputs.get("attention_mask") is not None:
+            return inputs["attention_mask"].to(torch.float32)
+        pad_id = getattr(self.model.config, "pad_token_id", None)
+        input_ids = inputs[self.input_key]
+        if pad_id is None:
+            return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        return (input_ids != pad_id).to(torch.float32)
+
+    def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
+        if delta is None:
+            return self._run(inputs)
+        if inputs.get("inputs_embeds") is not None:
+            raise ValueError(
+                "a calibrated text model adds δ to the word embeddings of input_ids; "
+                "pass input_ids instead of inputs_embeds."
+            )
+        embeddings = self.model.get_input_embeddings()(inputs[self.input_key])
+        self.check_delta(embeddings, delta, per_sample_dims=1)
+        mask = self.token_mask(inputs).to(embeddings.dtype)
+        embeddings = embeddings + mask[..., None] * delta.to(embeddings.dtype)
+        rest = {key: value for key, value in inputs.items() if key != self.input_key}
+        return self._run({**rest, "inputs_embeds": embeddings})

@@ -1,0 +1,143 @@
+"""Neural Clamping (Tang, Chen & Ho, TMLR 2024; arXiv 2209.11604).
+
+Calibrated logits are ``f(x + δ) / T`` for the frozen classifier f: δ is one universal
+perturbation shaped like one model input (added after normalisation, no clipping) and T a
+scalar temperature, stored as log T. Fitted by SGD on
+
+    focal loss_γ(f(x + δ)/T, y) + λ·‖δ‖₂
+
+over the calibration data (reference: γ=1, λ=0.01, SGD momentum 0.9, lr 0.01, batch 1000).
+δ = 0 is temperature scaling, so a fit that selects on held-out data can always fall back to
+TS. The training loop lives in :mod:`hf_calibrate.fitting.neural_clamping`.
+
+Text models (our extension): δ is one vector of the hidden size added to the word embedding
+of every non-padding token, at every position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Calibrator
+
+DELTA_INITS = ("zero", "gradient", "random")
+SELECT_METRICS = ("ece", "ada_ece", "nll", "brier")
+
+
+def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reduction: str = "mean") -> torch.Tensor:
+    r"""Focal loss (Lin et al., 2017) with α = 1: :math:`-(1 - p_y)^\gamma \log p_y`.
+
+    ``gamma=0`` is the cross-entropy. ``reduction``: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    log_p = F.log_softmax(logits.float(), dim=1).gather(1, labels[:, None]).squeeze(1)
+    losses = -log_p if gamma == 0 else -((1 - log_p.exp()).clamp_min(0) ** gamma) * log_p
+    if reduction == "none":
+        return losses
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def _as_grid(value: Union[float, Sequence[float]], name: str) -> Tuple[float, ...]:
+    values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in values):
+        raise ValueError(f"{name} must be a non-negative number or a non-empty list of them, got {value!r}.")
+    return tuple(float(v) for v in values)
+
+
+class NeuralClamping(Calibrator):
+    """δ (one input-shaped tensor) and log T; see the module docstring."""
+
+    method = "neural_clamping"
+    needs_base_model = True
+
+    @dataclasses.dataclass
+    class Options:
+        """Fit options of Neural Clamping (defaults follow the authors' demo where they exist).
+
+        Attributes:
+            epochs: passes over the fitting part (default None: as many as give 500 SGD steps,
+                the reference's 100 epochs × 5 batches; at least 1).
+            lr: SGD learning rate (default 0.01).
+            momentum: SGD momentum (default 0.9).
+            gamma: focal-loss γ, or a list to select from on the held-out part (default 1.0).
+            delta_weight: λ on ‖δ‖₂, or a list to select from (default 0.01).
+            delta_init: ``"zero"`` (default; starts exactly at TS), ``"gradient"`` (the paper's
+                data-driven rule: the mean over the data of ∂ Σ_k f_k(x + δ)/T / ∂δ at δ = 0) or
+                ``"random"`` (N(0, delta_init_scale²), as in the authors' demo).
+            delta_init_scale: standard deviation for ``delta_init="random"`` (default 0.001).
+            augment: image augmentation during the fit: False (default), True (random crop
+                with 1/8 padding, horizontal flip, cutout of 1/8 side — the reference's CIFAR
+                recipe), or a callable ``(pixel_values, generator) -> pixel_values``.
+            holdout_fraction: share of the calibration data held out to select the epoch,
+                γ and λ, and to fall back to TS (δ = 0) when δ does not help (default 0.2;
+                0 trains on everything and keeps the last epoch).
+            select_metric: held-out criterion, one of ``"ece"`` (default), ``"ada_ece"``,
+                ``"nll"``, ``"brier"``.
+            eval_every: evaluate on the held-out part every this many epochs (default None:
+                about 20 evaluations per run, and always after the last epoch).
+            n_bins: bins of the held-out ECE (default 15).
+        """
+
+        epochs: Optional[int] = None
+        lr: float = 0.01
+        momentum: float = 0.9
+        gamma: Union[float, Sequence[float]] = 1.0
+        delta_weight: Union[float, Sequence[float]] = 0.01
+        delta_init: str = "zero"
+        delta_init_scale: float = 0.001
+        augment: Union[bool, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = False
+        holdout_fraction: float = 0.2
+        select_metric: str = "ece"
+        eval_every: Optional[int] = None
+        n_bins: int = 15
+
+        def __post_init__(self) -> None:
+            self.gamma = _as_grid(self.gamma, "gamma")
+            self.delta_weight = _as_grid(self.delta_weight, "delta_weight")
+            if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
+                raise ValueError(f"epochs must be a positive integer or None, got {self.epochs!r}.")
+            if not self.lr > 0:
+                raise ValueError(f"lr must be positive, got {self.lr!r}.")
+            if not 0 <= self.momentum < 1:
+                raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}.")
+            if self.delta_init not in DELTA_INITS:
+                raise ValueError(f"delta_init must be one of {DELTA_INITS}, got {self.delta_init!r}.")
+            if not 0 <= self.holdout_fraction < 1:
+                raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
+            if self.select_metric not in SELECT_METRICS:
+                raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got {self.select_metric!r}.")
+            if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
+                raise ValueError(f"eval_every must be a positive integer or None, got {self.eval_every!r}.")
+            if not (self.augment in (True, False) or callable(self.augment)):
+                raise ValueError("augment must be True, False or a callable (pixel_values, generator) -> pixel_values.")
+
+    def __init__(self, num_classes: int, delta_shape: Sequence[int], delta_space: str = "pixel_values") -> None:
+        super().__init__(num_classes)
+        self.delta_space = delta_space
+        self.delta = nn.Parameter(torch.zeros(tuple(int(v) for v in delta_shape)))
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+
+    @classmethod
+    def create(cls, num_classes: int, options: Any, **facts: Any) -> "NeuralClamping":
+        return cls(num_classes, delta_shape=facts["delta_shape"], delta_space=facts["delta_space"])
+
+    @property
+    def input_perturbation(self) -> torch.Tensor:
+        return self.delta
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.log_temperature.exp()
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * torch.exp(-self.log_temperature).to(logits.dtype)
+
+    def config(self) -> Dict[str, Any]:
+        return {"num_classes": self.num_classes, "delta_shape": list(self.delta.shape), "delta_space": self.delta_space}
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, delta_shape={tuple(self.delta.shape)}, delta_space={self.delta_space!r}"

@@ -1,0 +1,235 @@
+"""The Accelerate-driven engine every fit runs on.
+
+One code path for a laptop CPU, one GPU, or many GPUs and nodes (``accelerate launch`` /
+``torchrun``): Accelerate sets up the device and the process group; the engine
+
+* splits every *global* batch of indices (seeded, identical on every process) into one
+  strided shard per process and, within a shard, into micro-batches that fit in memory;
+* sums per-sample losses divided by the global batch size, so all-reducing (summing) the
+  gradients of the few trainable tensors gives exactly the single-process gradient;
+* gathers per-sample outputs back into the global index order.
+
+A fit is therefore the same on 1 or N processes up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import _distributed
+from ..backbones import Backbone, Inputs
+from ..data import PreparedData
+from ..metrics._checks import check_labels
+
+MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass
+class EngineOptions:
+    """Options of every fit, whatever the method.
+
+    Attributes:
+        batch_size: samples per optimizer step and per inference batch, over all processes
+            (default 1000, the Neural Clamping reference).
+        micro_batch_size: samples per forward pass on each process (default None: the whole
+            per-process share of a batch); gradients are accumulated over micro-batches, so
+            this trades memory for nothing but speed.
+        seed: seeds the data split, the shuffling and any augmentation (default 0).
+        progress: show tqdm progress bars on the main process (default True).
+        mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"`` autocast for the base model's
+            forward pass (default None: the Accelerate setting, e.g. from
+            ``accelerate launch --mixed_precision``). Calibration parameters stay float32.
+        num_workers: DataLoader worker processes (default 0).
+        accelerator: an existing ``accelerate.Accelerator`` to run on (default: a new one).
+        preprocessor: the model's image processor or tokenizer (or a callable image → tensor),
+            used for raw ``image``/``text`` rows of a ``datasets.Dataset``.
+        preprocess: callable turning one dataset row (dict) into model inputs (dict).
+        image_column, text_column, label_column: column names when not the usual ones.
+        max_length: tokenizer truncation length for raw text (default: the tokenizer's).
+    """
+
+    batch_size: int = 1000
+    micro_batch_size: Optional[int] = None
+    seed: int = 0
+    progress: bool = True
+    mixed_precision: Optional[str] = None
+    num_workers: int = 0
+    accelerator: Any = None
+    preprocessor: Any = None
+    preprocess: Optional[Callable[[dict], dict]] = None
+    image_column: Optional[str] = None
+    text_column: Optional[str] = None
+    label_column: Optional[str] = None
+    max_length: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "micro_batch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision must be one of {list(MIXED_PRECISION)}, got {self.mixed_precision!r}.")
+
+    def data_options(self) -> dict:
+        names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length")
+        return {name: getattr(self, name) for name in names}
+
+
+class Engine:
+    """Device, processes, batching, precision and progress for one fit."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        from accelerate import Accelerator
+
+        self.options = options
+        self.accelerator = options.accelerator if options.accelerator is not None else Accelerator()
+        self.device = self.accelerator.device
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        precision = options.mixed_precision or str(self.accelerator.mixed_precision)
+        self.amp_dtype = MIXED_PRECISION.get(precision)
+        if self.amp_dtype is torch.float16 and self.device.type == "cpu":
+            raise ValueError("mixed_precision='fp16' needs a GPU; use 'bf16' on CPU.")
+
+    # ------------------------------------------------------------------ precision, progress
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def progress(self, total: int, description: str) -> tqdm:
+        return tqdm(total=total, desc=description, disable=not (self.options.progress and self.is_main), leave=False)
+
+    def generator(self, *salt: int) -> torch.Generator:
+        """A CPU generator seeded by the fit seed and ``salt`` (e.g. epoch, rank)."""
+        generator = torch.Generator()
+        generator.manual_seed(hash((self.options.seed, *salt)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return generator
+
+    # ------------------------------------------------------------------ batching
+    def split_indices(self, count: int, holdout_fraction: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Seeded (fit, holdout) split of ``range(count)``; holdout is empty for fraction 0."""
+        permutation = torch.randperm(count, generator=self.generator(count, 0xC0FFEE))
+        holdout = int(round(holdout_fraction * count))
+        if holdout_fraction > 0 and (holdout < 1 or holdout >= count):
+            raise ValueError(
+                f"holdout_fraction={holdout_fraction} leaves {count - holdout} of {count} samples to fit and "
+                f"{holdout} to select on; use more calibration data or holdout_fraction=0."
+            )
+        return permutation[holdout:].sort().values, permutation[:holdout].sort().values
+
+    def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0) -> List[torch.Tensor]:
+        if shuffle:
+            indices = indices[torch.randperm(len(indices), generator=self.generator(epoch, 0xBA7C4))]
+        return list(indices.split(self.options.batch_size))
+
+    def local_micro_batches(self, global_batch: torch.Tensor) -> List[List[int]]:
+        """This process's strided share of a global batch, cut into micro-batches."""
+        local = global_batch[self.rank :: self.world].tolist()
+        size = self.options.micro_batch_size or max(len(local), 1)
+        return [local[start : start + size] for start in range(0, len(local), size)]
+
+    def iterate(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
+        """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device."""
+        plan = [(number, micro) for number, batch in enumerate(global_batches) for micro in self.local_micro_batches(batch)]
+        if not plan:
+            return
+        loader = data.loader([micro for _, micro in plan], num_workers=self.options.num_workers)
+        for (number, micro), (inputs, labels) in zip(plan, loader):
+            yield number, micro, self.to_device(inputs), labels.to(self.device)
+
+    def batches(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
+        """Yield (global batch number, its local micro-batches) for *every* global batch.
+
+        A process whose share of a batch is empty still gets that batch (with no
+        micro-batches), so collectives after each batch line up across processes.
+        Consume each inner iterator before advancing the outer one.
+        """
+        stream = self.iterate(data, global_batches)
+        pending = next(stream, None)
+
+        def micro_batches(number: int) -> Iterator[Tuple[List[int], Inputs, torch.Tensor]]:
+            nonlocal pending
+            while pending is not None and pending[0] == number:
+                yield pending[1:]
+                pending = next(stream, None)
+
+        for number in range(len(global_batches)):
+            yield number, micro_batches(number)
+
+    def to_device(self, inputs: Inputs) -> Inputs:
+        return {key: value.to(self.device) if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
+
+    # ------------------------------------------------------------------ passes
+    @torch.no_grad()
+    def collect_logits(
+        self,
+        backbone: Backbone,
+        data: PreparedData,
+        indices: torch.Tensor,
+        *,
+        delta: Optional[torch.Tensor] = None,
+        description: str = "computing logits",
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process."""
+        batches = self.global_batches(indices, shuffle=False)
+        positions, outputs, targets = [], [], []
+        with self.progress(len(batches), description) as bar:
+            last = -1
+            for number, micro, inputs, labels in self.iterate(data, batches):
+                with self.autocast():
+                    logits = backbone.logits(inputs, delta)
+                self.check_labels(labels, logits.shape[1])
+                positions.append(torch.as_tensor(micro, device=self.device))
+                outputs.append(logits.float())
+                targets.append(labels)
+                bar.update(number - last)
+                last = number
+        local = self._cat(positions, outputs, targets, backbone)
+        return self.gather_in_order(*local, count=len(indices))
+
+    def _cat(self, positions, outputs, targets, backbone: Backbone):
+        if outputs:
+            return torch.cat(positions), torch.cat(outputs), torch.cat(targets)
+        classes = backbone.num_classes or 0
+        empty_long = torch.zeros(0, dtype=torch.long, device=self.device)
+        return empty_long, torch.zeros(0, classes, device=self.device), empty_long.clone()
+
+    def gather_in_order(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
+        """Gather per-sample rows from every process and sort them by dataset index."""
+        positions = _distributed.all_gather_variable(positions)
+        outputs = _distributed.all_gather_variable(outputs)
+        targets = _distributed.all_gather_variable(targets)
+        order = torch.argsort(positions)
+        if len(order) != count:
+            raise RuntimeError(f"gathered {len(order)} samples, expected {count}.")
+        return outputs[order], targets[order]
+
+    def all_reduce_gradients(self, parameters: Sequence[torch.Tensor]) -> None:
+        """Sum gradients over processes (each process already divided by the global batch size)."""
+        for parameter in parameters:
+            if parameter.grad is not None:
+                _distributed.all_reduce_sum_(parameter.grad)
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Make every process hold the main process's parameters and buffers."""
+        for tensor in [*module.parameters(), *module.buffers()]:
+            _distributed.broadcast_(tensor.data)
+
+    @staticmethod
+    def check_labels(labels: torch.Tensor, num_classes: int) -> None:
+        try:
+            check_labels(labels, num_classes)
+        except ValueError as error:
+            raise ValueError(f"calibration labels do not match the model: {error}") from None
+
+
+def steps_per_epoch(count: int, batch_size: int) -> int:
+    return max(1, math.ceil(count / batch_size))

@@ -1,0 +1,217 @@
+"""The Neural Clamping fit: SGD on δ and log T only, with held-out selection.
+
+Per epoch the cost is one forward pass and one backward pass to the input over the fitting
+part — the base model is frozen with ``requires_grad_(False)``, so autograd never builds
+parameter gradients (the reference code computes and discards them).
+
+Procedure (DESIGN §3):
+1. split the calibration data into a fitting part and a held-out part (``holdout_fraction``);
+2. one forward pass caches the base logits of both; T starts at the TS optimum of the
+   fitting part, and TS's held-out score is the baseline;
+3. for every (γ, λ) of the grid, SGD from the same start; the held-out score is taken every
+   ``eval_every`` epochs and after the last; the best (γ, λ, epoch) snapshot is kept;
+4. the snapshot replaces TS only if its held-out score is strictly better — otherwise δ = 0
+   and T = T_TS. On the selection split NC is therefore never worse than TS.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..backbones import Backbone
+from ..calibrators.neural_clamping import NeuralClamping, focal_loss
+from ..calibrators.temperature import fit_inverse_temperature
+from ..data import PreparedData
+from ..metrics import calibration_report
+from .. import _distributed
+from .engine import Engine, steps_per_epoch
+
+# With epochs=None, a run takes as many epochs as give this many SGD steps.
+DEFAULT_STEPS = 500
+# With eval_every=None, a run is evaluated on the held-out part about this many times.
+DEFAULT_EVALUATIONS = 20
+
+
+def random_crop_flip_cutout(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The reference's CIFAR augmentation on normalised (N, C, H, W) tensors.
+
+    Random crop after zero-padding by H/8, horizontal flip with probability 1/2, and one
+    cutout square of side H/8 per image (zeros are the mean colour after normalisation).
+    """
+    count, _, height, width = pixels.shape
+    pad = max(1, height // 8)
+    padded = torch.nn.functional.pad(pixels, (pad, pad, pad, pad))
+    offsets = torch.randint(0, 2 * pad + 1, (count, 2), generator=generator).tolist()
+    flips = (torch.rand(count, generator=generator) < 0.5).tolist()
+    centres = torch.stack(
+        [torch.randint(0, height, (count,), generator=generator), torch.randint(0, width, (count,), generator=generator)], 1
+    ).tolist()
+    out = torch.empty_like(pixels)
+    for i, ((dy, dx), flip, (cy, cx)) in enumerate(zip(offsets, flips, centres)):
+        image = padded[i, :, dy : dy + height, dx : dx + width]
+        image = image.flip(-1) if flip else image.clone()
+        image[:, max(0, cy - pad // 2) : cy + (pad + 1) // 2, max(0, cx - pad // 2) : cx + (pad + 1) // 2] = 0
+        out[i] = image
+    return out
+
+
+def _score(logits: torch.Tensor, labels: torch.Tensor, metric: str, n_bins: int) -> float:
+    return calibration_report(logits, labels, n_bins=n_bins, from_logits=True)[metric]
+
+
+class _Snapshot:
+    """The best (score, γ, λ, epoch, δ, log T) seen so far; ties keep the earlier one."""
+
+    def __init__(self) -> None:
+        self.score = math.inf
+        self.record: Optional[Dict[str, Any]] = None
+        self.delta: Optional[torch.Tensor] = None
+        self.log_temperature: Optional[torch.Tensor] = None
+
+    def offer(self, score: float, record: Dict[str, Any], delta: torch.Tensor, log_temperature: torch.Tensor) -> None:
+        if score < self.score:
+            self.score, self.record = score, dict(record)
+            self.delta, self.log_temperature = delta.detach().clone(), log_temperature.detach().clone()
+
+
+def fit_neural_clamping(
+    backbone: Backbone, data: PreparedData, calibrator: NeuralClamping, options: Any, engine: Engine
+) -> Dict[str, Any]:
+    """Fit ``calibrator`` (δ, log T) in place; return the fit summary with its history."""
+    if options.augment and backbone.modality != "image":
+        raise ValueError(f"augment=True applies to images; this {backbone.modality} model takes {backbone.delta_space}.")
+    grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
+    if len(grid) > 1 and options.holdout_fraction == 0:
+        raise ValueError("selecting among several gamma/delta_weight values needs holdout_fraction > 0.")
+    device = engine.device
+    fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
+    fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
+    beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
+    start_log_t = torch.tensor(-math.log(beta), device=device)
+    has_holdout = len(holdout_indices) > 0
+    if has_holdout:
+        holdout_logits, holdout_labels = engine.collect_logits(backbone, data, holdout_indices, description="base logits (held-out part)")
+        baseline = _score(holdout_logits * beta, holdout_labels, options.select_metric, options.n_bins)
+    steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
+    epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
+    eval_every = options.eval_every or max(1, epochs // DEFAULT_EVALUATIONS)
+    start_delta = _initial_delta(backbone, data, fit_indices, calibrator, options, engine, start_log_t)
+
+    history: List[Dict[str, Any]] = []
+    best = _Snapshot()
+    with engine.progress(len(grid) * epochs * steps, "Neural Clamping") as bar:
+        for gamma, weight in grid:
+            delta = torch.nn.Parameter(start_delta.clone())
+            log_t = torch.nn.Parameter(start_log_t.clone())
+            optimizer = torch.optim.SGD([delta, log_t], lr=options.lr, momentum=options.momentum)
+            for epoch in range(1, epochs + 1):
+                loss = _train_epoch(backbone, data, fit_indices, delta, log_t, optimizer, gamma, weight, epoch, options, engine, bar)
+                record = {
+                    "gamma": gamma, "delta_weight": weight, "epoch": epoch, "loss": loss,
+                    "delta_norm": float(delta.detach().norm()), "temperature": float(log_t.detach().exp()),
+                }
+                if has_holdout and (epoch % eval_every == 0 or epoch == epochs):
+                    logits, labels = engine.collect_logits(backbone, data, holdout_indices, delta=delta.detach(), description="held-out check")
+                    record[f"holdout_{options.select_metric}"] = _score(
+                        logits * torch.exp(-log_t.detach()), labels, options.select_metric, options.n_bins
+                    )
+                    best.offer(record[f"holdout_{options.select_metric}"], record, delta, log_t)
+                    bar.set_postfix(loss=f"{loss:.4f}", **{options.select_metric: f"{record[f'holdout_{options.select_metric}']:.4f}"})
+                history.append(record)
+            if not has_holdout:
+                best.offer(-math.inf, record, delta, log_t)
+
+    summary: Dict[str, Any] = {
+        "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
+        "steps_per_epoch": steps, "temperature_scaling": {"temperature": 1.0 / beta}, "history": history,
+    }
+    use_delta = not has_holdout or best.score < baseline
+    with torch.no_grad():
+        if use_delta:
+            calibrator.delta.copy_(best.delta)
+            calibrator.log_temperature.copy_(best.log_temperature)
+        else:
+            calibrator.delta.zero_()
+            calibrator.log_temperature.copy_(start_log_t)
+    if has_holdout:
+        summary["temperature_scaling"][f"holdout_{options.select_metric}"] = baseline
+    summary["selected"] = best.record if use_delta else {"fallback": "temperature_scaling"}
+    summary["fell_back_to_temperature_scaling"] = not use_delta
+    return summary
+
+
+def _train_epoch(
+    backbone: Backbone,
+    data: PreparedData,
+    fit_indices: torch.Tensor,
+    delta: torch.nn.Parameter,
+    log_t: torch.nn.Parameter,
+    optimizer: torch.optim.Optimizer,
+    gamma: float,
+    weight: float,
+    epoch: int,
+    options: Any,
+    engine: Engine,
+    bar: Any,
+) -> float:
+    """One epoch of SGD steps; returns the mean loss over its global batches."""
+    augment = random_crop_flip_cutout if options.augment is True else options.augment
+    global_batches = engine.global_batches(fit_indices, shuffle=True, epoch=epoch)
+    total = 0.0
+    for number, micro_batches in engine.batches(data, global_batches):
+        optimizer.zero_grad(set_to_none=True)
+        batch_size = len(global_batches[number])
+        loss_sum = torch.zeros((), device=engine.device)
+        for part, (indices, inputs, labels) in enumerate(micro_batches):
+            if augment:
+                generator = engine.generator(epoch, number, part, engine.rank)
+                inputs[backbone.input_key] = augment(inputs[backbone.input_key], generator)
+            with engine.autocast():
+                logits = backbone.logits(inputs, delta)
+            loss = focal_loss(logits.float() * torch.exp(-log_t), labels, gamma, reduction="sum") / batch_size
+            loss.backward()
+            loss_sum += loss.detach()
+        engine.all_reduce_gradients([delta, log_t])
+        _distributed.all_reduce_sum_(loss_sum)
+        penalty = weight * delta.norm()
+        penalty.backward()
+        step_loss = float(loss_sum) + float(penalty.detach())
+        if not math.isfinite(step_loss) or not bool(torch.isfinite(delta.grad).all()):
+            raise FloatingPointError(
+                f"Neural Clamping loss became {step_loss} at epoch {epoch}, batch {number + 1} "
+                f"(lr={options.lr}, gamma={gamma}, delta_weight={weight}). Lower lr, or fit in float32 "
+                "(mixed_precision='no'). The model was left unchanged."
+            )
+        optimizer.step()
+        total += step_loss
+        bar.update(1)
+    return total / len(global_batches)
+
+
+def _initial_delta(
+    backbone: Backbone,
+    data: PreparedData,
+    fit_indices: torch.Tensor,
+    calibrator: NeuralClamping,
+    options: Any,
+    engine: Engine,
+    log_t: torch.Tensor,
+) -> torch.Tensor:
+    """δ's starting point: zeros, N(0, scale²), or the mean gradient of Σ_k f_k(x + δ)/T at δ = 0."""
+    shape = calibrator.delta.shape
+    if options.delta_init == "zero":
+        return torch.zeros(shape, device=engine.device)
+    if options.delta_init == "random":
+        return (torch.randn(shape, generator=engine.generator(0x5EED)) * options.delta_init_scale).to(engine.device)
+    delta = torch.zeros(shape, device=engine.device, requires_grad=True)
+    global_batches = engine.global_batches(fit_indices, shuffle=False)
+    for _, micro_batches in engine.batches(data, global_batches):
+        for indices, inputs, labels in micro_batches:
+            with engine.autocast():
+                logits = backbone.logits(inputs, delta)
+            (logits.float().sum() * torch.exp(-log_t) / len(fit_indices)).backward()
+    grad = delta.grad if delta.grad is not None else torch.zeros_like(delta)
+    return _distributed.all_reduce_sum_(grad.detach().clone())

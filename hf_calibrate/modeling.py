@@ -1,0 +1,278 @@
+"""``CalibratedModel``: a frozen base classifier plus a fitted calibrator, as a transformers model.
+
+``CalibratedModel`` is a ``PreTrainedModel`` with its own config (``model_type
+"hf_calibrate"``), registered with ``AutoConfig``, ``AutoModelForImageClassification`` and
+``AutoModelForSequenceClassification`` on ``import hf_calibrate``, so transformers pipelines
+and ``Auto*.from_pretrained`` work with it. The base may be a timm model, a transformers
+image/sequence classifier or a plain ``nn.Module``; a backbone adapter (``hf_calibrate.backbones``)
+hides the difference.
+
+It is called exactly like its base: a timm or plain base takes a tensor and returns logits
+(``model(x)``), or keywords (``model(pixel_values=x)``, as pipelines call it) and returns an
+``ImageClassifierOutput``; a transformers base takes its usual keyword batch and returns its
+usual ``ModelOutput`` with calibrated ``logits`` (and a cross-entropy ``loss`` of the
+calibrated logits when ``labels`` are passed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
+
+from .backbones import Backbone, adapt
+from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
+from .data import prepare_data
+from .fitting import Engine, EngineOptions, fit_calibrator
+from .metrics import CalibrationMetrics
+from .version import __version__
+
+TASKS = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}
+
+
+class CalibratedConfig(PreTrainedConfig):
+    """transformers-facing config of a calibrated model (the full record is ``calibration_config.json``).
+
+    Attributes:
+        base_library: ``"timm"``, ``"transformers"`` or ``"torch"``.
+        base_task: ``"image-classification"``, ``"text-classification"`` or ``"tensor-classification"``.
+        calibration_method: the method name, e.g. ``"neural_clamping"``.
+    """
+
+    model_type = "hf_calibrate"
+    base_library: str = "transformers"
+    base_task: str = "image-classification"
+    calibration_method: str = "temperature"
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module) -> Iterator[None]:
+    """Freeze ``model`` (no grads, eval mode); on an exception restore its flags and mode."""
+    flags = [parameter.requires_grad for parameter in model.parameters()]
+    modes = [module.training for module in model.modules()]
+    model.requires_grad_(False).eval()
+    try:
+        yield
+    except BaseException:
+        for parameter, flag in zip(model.parameters(), flags):
+            parameter.requires_grad_(flag)
+        for module, mode in zip(model.modules(), modes):
+            module.training = mode
+        raise
+
+
+def _split_options(method: str, options: Dict[str, Any]):
+    method_class = calibrator_class(method)
+    engine_names = {field.name for field in dataclasses.fields(EngineOptions)}
+    method_names = {field.name for field in dataclasses.fields(method_class.Options)}
+    unknown = sorted(set(options) - engine_names - method_names)
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {unknown} for method {method!r}. Its options: {', '.join(sorted(method_names)) or 'none'}; "
+            f"options of every fit: {', '.join(sorted(engine_names))}."
+        )
+    engine_options = EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
+    method_options = parse_options(method_class.Options, {k: v for k, v in options.items() if k in method_names}, method)
+    return engine_options, method_options
+
+
+class CalibratedModel(PreTrainedModel):
+    """A frozen base classifier and a fitted calibrator; build one with :meth:`fit` or :meth:`from_pretrained`.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> base = torch.nn.Linear(4, 3)
+        >>> x = torch.randn(200, 4); y = (3 * base(x)).argmax(1)   # base is under-confident
+        >>> calibrated = CalibratedModel.fit(base, TensorDataset(x, y), method="temperature", progress=False)
+        >>> calibrated(x[:2]).shape
+        torch.Size([2, 3])
+        >>> report = calibrated.evaluate(TensorDataset(x, y), progress=False)
+        >>> report["calibrated"]["nll"] < report["uncalibrated"]["nll"]
+        True
+    """
+
+    config_class = CalibratedConfig
+    base_model_prefix = "base_model"
+    main_input_name = "pixel_values"
+    _no_split_modules: list = []
+    _supports_sdpa = _supports_flash_attn = _supports_flex_attn = True
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: CalibratedConfig, base_model: nn.Module, calibrator: Calibrator) -> None:
+        super().__init__(config)
+        self.base_model = base_model
+        self.calibrator = calibrator
+        self.backbone: Backbone = adapt(base_model, num_classes=calibrator.num_classes)
+        self.main_input_name = self.backbone.input_key
+        base_model.requires_grad_(False).eval()
+        self.fit_summary: Dict[str, Any] = {}
+        self.provenance: Dict[str, Any] = {}
+        self.last_evaluation: Optional[Dict[str, Any]] = None
+        self.post_init()
+
+    # -------------------------------------------------- transformers plumbing
+    @property
+    def base_model(self) -> nn.Module:  # PreTrainedModel.base_model would return self
+        return self._modules["base_model"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Nothing to initialise: the base is pretrained and the calibrator is fitted."""
+
+    def init_weights(self) -> None:
+        """Never re-initialise (transformers would overwrite a timm or plain base)."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.base_model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p.dtype for p in self.base_model.parameters() if p.is_floating_point())
+
+    def train(self, mode: bool = True) -> "CalibratedModel":
+        """The base always stays in eval mode (frozen batch-norm statistics, no dropout)."""
+        super().train(mode)
+        self.base_model.eval()
+        return self
+
+    @property
+    def method(self) -> str:
+        return self.calibrator.method
+
+    # -------------------------------------------------- prediction
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Call exactly like the base model; see the module docstring for what comes back."""
+        labels = kwargs.pop("labels", None)
+        inputs, positional = self.backbone.parse_call(args, kwargs)
+        self._check_device(inputs)
+        logits, raw_output = self.backbone.forward(inputs, self.calibrator.input_perturbation)
+        calibrated = self.calibrator(logits)
+        loss = F.cross_entropy(calibrated.float(), labels.to(calibrated.device)) if labels is not None else None
+        return self.backbone.wrap_output(calibrated, raw_output, positional, loss)
+
+    def _check_device(self, inputs: Dict[str, Any]) -> None:
+        main = inputs.get(self.backbone.input_key)
+        if isinstance(main, torch.Tensor) and main.device != self.device:
+            raise ValueError(
+                f"the input is on {main.device} but the calibrated model is on {self.device}; move the input "
+                f"(e.g. x.to(model.device)) or the model (model.to(device))."
+            )
+
+    # -------------------------------------------------- fitting
+    @classmethod
+    def fit(cls, model: nn.Module, calibration_data: Any, *, method: str = "neural_clamping", **options: Any) -> "CalibratedModel":
+        """Fit a calibration of ``model`` on held-out labelled ``calibration_data``.
+
+        Args:
+            model: a timm classifier, a transformers image/sequence classifier, or an
+                ``nn.Module`` mapping a tensor to (N, C) logits. It is frozen (``requires_grad``
+                off, eval mode) and moved to the fit's device; it is not copied. If the fit
+                fails, its flags and mode are restored.
+            calibration_data: a ``DataLoader`` (of a map-style dataset), a torch ``Dataset``
+                or a ``datasets.Dataset`` (see :mod:`hf_calibrate.data`).
+            method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``,
+                ``"matrix"``, ``"dirichlet"``, ``"histogram"`` or ``"isotonic"``.
+            **options: the method's options (e.g. ``NeuralClamping.Options``) and the options
+                of every fit (:class:`hf_calibrate.fitting.EngineOptions`: ``batch_size``,
+                ``seed``, ``progress``, ``mixed_precision``, ``preprocessor``, ...).
+
+        Returns:
+            The fitted ``CalibratedModel``; ``fit_summary`` holds the fit history.
+        """
+        engine_options, method_options = _split_options(method, options)
+        engine = Engine(engine_options)
+        backbone = adapt(model)
+        with frozen(model):
+            model.to(engine.device)
+            data = prepare_data(calibration_data, backbone, **engine_options.data_options())
+            calibrator, summary = fit_calibrator(backbone, data, method, method_options, engine)
+        calibrator.is_fitted = True
+        config = CalibratedConfig(
+            base_library=backbone.library,
+            base_task=TASKS[backbone.modality],
+            calibration_method=method,
+            id2label=backbone.id2label or {index: f"LABEL_{index}" for index in range(calibrator.num_classes)},
+        )
+        calibrated = cls(config, model, calibrator).eval()
+        calibrated.fit_summary = summary
+        calibrated.provenance = {
+            "dataset": data.description,
+            "num_samples": len(data),
+            "seed": engine_options.seed,
+            "options": options_to_dict(method_options),
+            "batch_size": engine_options.batch_size,
+            "mixed_precision": engine_options.mixed_precision or str(engine.accelerator.mixed_precision),
+            "num_processes": engine.world,
+        }
+        return calibrated
+
+    # -------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self, data: Any, *, n_bins: int = 15, **options: Any) -> Dict[str, Any]:
+        """Metrics of the base and the calibrated model on labelled ``data``, side by side.
+
+        ``options`` are those of :class:`hf_calibrate.fitting.EngineOptions` (batch size,
+        preprocessor, progress, ...). Runs on every process under Accelerate: each process
+        scores its shard and the streaming accumulators are summed.
+
+        Returns:
+            ``{"uncalibrated": metrics, "calibrated": metrics, "reliability": {...}, "dataset": str}``
+            where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics`
+            and ``reliability`` holds the :class:`~hf_calibrate.metrics.ReliabilityBins` of each.
+        """
+        engine = Engine(EngineOptions(**options))
+        prepared = prepare_data(data, self.backbone, **engine.options.data_options())
+        self.to(engine.device)
+        uncalibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
+        calibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
+        delta = self.calibrator.input_perturbation
+        batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
+        with engine.progress(len(batches), "evaluating") as bar:
+            for _, micro_batches in engine.batches(prepared, batches):
+                for _, inputs, labels in micro_batches:
+                    with engine.autocast():
+                        base_logits = self.backbone.logits(inputs).float()
+                        calibrated_logits = self.calibrator(
+                            base_logits if delta is None else self.backbone.logits(inputs, delta).float()
+                        ).float()
+                    engine.check_labels(labels, self.calibrator.num_classes)
+                    uncalibrated.update(base_logits, labels, from_logits=True)
+                    calibrated.update(calibrated_logits, labels, from_logits=True)
+                bar.update(1)
+        result = {
+            "uncalibrated": uncalibrated.compute(),
+            "calibrated": calibrated.compute(),
+            "reliability": {"uncalibrated": uncalibrated.reliability(), "calibrated": calibrated.reliability()},
+            "dataset": prepared.description,
+        }
+        self.last_evaluation = result
+        return result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self.calibrator, "is_fitted", False):
+            raise RuntimeError(
+                "this CalibratedModel's calibrator has not been fitted; build it with CalibratedModel.fit(...) "
+                "or CalibratedModel.from_pretrained(...)."
+            )
+        return super().__call__(*args, **kwargs)
+
+
+def register_auto_classes() -> None:
+    """Make ``AutoConfig`` / ``AutoModelFor{Image,Sequence}Classification`` (and pipelines) know ``hf_calibrate``."""
+    AutoConfig.register(CalibratedConfig.model_type, CalibratedConfig, exist_ok=True)
+    AutoModelForImageClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
+    AutoModelForSequenceClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
