@@ -41,6 +41,8 @@ class PreparedData:
     dataset: Any
     collate: Callable[[List[Any]], Batch]
     description: str
+    name: Optional[str] = None  # dataset name and split, when the data records them
+    split: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -221,11 +223,14 @@ def _datasets_rows(
             "to turn a row into model inputs."
         )
     pad_token_id = _pad_token_id(backbone)
-    description = f"datasets.Dataset({getattr(data.info, 'dataset_name', None) or 'unnamed'}, split={data.split}, {len(data)} rows)"
+    name = getattr(data.info, "dataset_name", None) or None
+    split = str(data.split) if data.split is not None else None
     return PreparedData(
         _CachedItems(data, to_item, cache_bytes),
         lambda items: split_batch(collate_rows(items, pad_token_id), backbone),
-        description,
+        f"{name or 'datasets.Dataset'}{f' ({split})' if split else ''}, {len(data)} rows",
+        name=name,
+        split=split,
     )
 
 

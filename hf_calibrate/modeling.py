@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 import torch
@@ -31,11 +34,13 @@ from transformers import (
     PreTrainedModel,
 )
 
+from . import _hub, cards, serialization
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from .data import prepare_data
 from .fitting import Engine, EngineOptions, fit_calibrator
-from .metrics import CalibrationMetrics
+from .metrics import CalibrationMetrics, ReliabilityBins
+from .serialization import ArtifactError
 from .version import __version__
 
 TASKS = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}
@@ -122,6 +127,8 @@ class CalibratedModel(PreTrainedModel):
         self.fit_summary: Dict[str, Any] = {}
         self.provenance: Dict[str, Any] = {}
         self.last_evaluation: Optional[Dict[str, Any]] = None
+        #: the image processor or tokenizer saved beside the model (from fit or the saved folder)
+        self.preprocessor: Any = None
         self.post_init()
 
     # -------------------------------------------------- transformers plumbing
@@ -209,6 +216,7 @@ class CalibratedModel(PreTrainedModel):
         )
         calibrated = cls(config, model, calibrator).eval()
         calibrated.fit_summary = summary
+        calibrated.preprocessor = engine_options.preprocessor
         calibrated.provenance = {
             "dataset": data.description,
             "num_samples": len(data),
@@ -217,23 +225,30 @@ class CalibratedModel(PreTrainedModel):
             "batch_size": engine_options.batch_size,
             "mixed_precision": engine_options.mixed_precision or str(engine.accelerator.mixed_precision),
             "num_processes": engine.world,
+            "base_fingerprint": serialization.weights_fingerprint(model),
         }
         return calibrated
 
     # -------------------------------------------------- evaluation
     @torch.no_grad()
-    def evaluate(self, data: Any, *, n_bins: int = 15, **options: Any) -> Dict[str, Any]:
+    def evaluate(
+        self, data: Any, *, n_bins: int = 15, dataset_name: Optional[str] = None, split: Optional[str] = None, **options: Any
+    ) -> Dict[str, Any]:
         """Metrics of the base and the calibrated model on labelled ``data``, side by side.
 
         ``options`` are those of :class:`hf_calibrate.fitting.EngineOptions` (batch size,
-        preprocessor, progress, ...). Runs on every process under Accelerate: each process
-        scores its shard and the streaming accumulators are summed.
+        preprocessor, progress, ...; the preprocessor defaults to the model's own). Runs on every
+        process under Accelerate: each process scores its shard and the streaming accumulators
+        are summed. ``dataset_name`` and ``split`` label the results in model cards (default:
+        what a ``datasets.Dataset`` records). The result is kept as ``last_evaluation`` and
+        goes into the saved record and model card.
 
         Returns:
             ``{"uncalibrated": metrics, "calibrated": metrics, "reliability": {...}, "dataset": str}``
             where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics`
             and ``reliability`` holds the :class:`~hf_calibrate.metrics.ReliabilityBins` of each.
         """
+        options.setdefault("preprocessor", self.preprocessor)
         engine = Engine(EngineOptions(**options))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
@@ -257,10 +272,186 @@ class CalibratedModel(PreTrainedModel):
             "uncalibrated": uncalibrated.compute(),
             "calibrated": calibrated.compute(),
             "reliability": {"uncalibrated": uncalibrated.reliability(), "calibrated": calibrated.reliability()},
-            "dataset": prepared.description,
+            "dataset": dataset_name or prepared.name or prepared.description,
+            "split": split or prepared.split,
+            "n_bins": n_bins,
         }
         self.last_evaluation = result
         return result
+
+    # -------------------------------------------------- saving, loading, pushing
+    def calibration_record(
+        self, *, base_weights: str = "included", base_model_id: Optional[str] = None, base_revision: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """The ``calibration_config.json`` contents (DESIGN §4) for this model."""
+        reference = serialization.hub_reference(self.base_model, self.backbone.library)
+        delta = self.calibrator.input_perturbation
+        fit = {key: value for key, value in self.provenance.items() if key not in ("options", "base_fingerprint")}
+        fit["summary"] = {key: value for key, value in self.fit_summary.items() if key != "history"}
+        return {
+            "format_version": serialization.FORMAT_VERSION,
+            "library_version": __version__,
+            "method": self.method,
+            "calibrator": self.calibrator.config(),
+            "options": self.provenance.get("options", {}),
+            "base_model": {
+                "library": self.backbone.library,
+                "task": self.config.base_task,
+                "repo_id": base_model_id or reference["repo_id"],
+                "revision": base_revision or reference["revision"],
+                "num_labels": self.calibrator.num_classes,
+                "id2label": {str(k): v for k, v in self.config.id2label.items()},
+                "fingerprint": self.provenance.get("base_fingerprint"),
+                "weights": base_weights,
+            },
+            "input_contract": {
+                "space": self.backbone.delta_space,
+                "shape": list(delta.shape) if delta is not None else None,
+                "preprocessing": self.backbone.preprocessing(),
+            },
+            "fit": fit,
+            "evaluation": _evaluation_record(self.last_evaluation),
+            "files": {
+                "weights": serialization.CALIBRATION_WEIGHTS,
+                "base": serialization.BASE_FOLDER if base_weights == "included" and self.backbone.library == "transformers" else None,
+            },
+        }
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        include_base: bool = True,
+        base_model_id: Optional[str] = None,
+        base_revision: Optional[str] = None,
+        preprocessor: Any = None,
+        overwrite_card: bool = False,
+        repo_id: Optional[str] = None,
+        is_main_process: bool = True,
+        **transformers_kwargs: Any,
+    ) -> Optional[Path]:
+        """Save the artifact of DESIGN §4 into ``save_directory`` (atomically).
+
+        Args:
+            include_base: save the base model's own files (default). With False the repo is
+                reference-only: it names the base repo and commit (``base_model_id`` /
+                ``base_revision``, default: what the base model records) and loads it from there.
+            preprocessor: image processor or tokenizer to save beside it (default: the one
+                given to :meth:`fit`), so pipelines find it.
+            overwrite_card: replace a ``README.md`` in the folder that hf_calibrate did not write.
+            repo_id: the hub id the card's usage snippet shows.
+            is_main_process: only the main process writes (as in transformers).
+            **transformers_kwargs: accepted for compatibility with ``Trainer`` and
+                ``PreTrainedModel.push_to_hub`` (``state_dict``, ``safe_serialization``,
+                ``max_shard_size``, ...); the calibration always saves in safetensors.
+        """
+        unknown = set(transformers_kwargs) - _TRANSFORMERS_SAVE_KWARGS
+        if unknown:
+            raise TypeError(f"save_pretrained() got unexpected keyword argument(s) {sorted(unknown)}.")
+        if not is_main_process:
+            return None
+        if self.backbone.library == "torch":
+            weights = "not_saved"
+        elif include_base:
+            weights = "included"
+        else:
+            weights = "reference"
+        record = self.calibration_record(base_weights=weights, base_model_id=base_model_id, base_revision=base_revision)
+        if weights == "reference" and not record["base_model"]["repo_id"]:
+            raise ValueError(
+                "a reference-only save needs the base model's hub repo id; pass base_model_id=... (and "
+                "base_revision=<commit>) or save with include_base=True."
+            )
+        self.config.architectures = [type(self).__name__]
+        evaluation = self.last_evaluation or {}
+        return serialization.save_artifact(
+            Path(save_directory), record=record, config_json=self.config.to_dict(), base_model=self.base_model,
+            calibrator=self.calibrator, preprocessor=preprocessor if preprocessor is not None else self.preprocessor,
+            reliability=evaluation.get("reliability"), repo_id=repo_id, overwrite_card=overwrite_card,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args: Any,
+        revision: Optional[str] = None,
+        token: Optional[str | bool] = None,
+        cache_dir: Optional[str | os.PathLike] = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
+        subfolder: Optional[str] = None,
+        base_model: Optional[nn.Module] = None,
+        dtype: Any = None,
+        **kwargs: Any,
+    ) -> "CalibratedModel":
+        """Load a calibrated model from a folder or a hub repo id (``revision`` pins a commit).
+
+        Verifies the artifact (format, tensors, δ's shape, labels, base fingerprint) and
+        raises :class:`~hf_calibrate.serialization.ArtifactError` naming the file and the fix.
+        ``base_model`` supplies the base for calibrations of plain modules (or overrides the
+        saved base, which must still match the recorded fingerprint). ``dtype`` casts the
+        base after verification; the calibrator stays float32. Works offline from the cache
+        with ``HF_HUB_OFFLINE=1``. Also reached by ``AutoModelFor...from_pretrained`` and
+        ``pipeline(task, model=...)`` after ``import hf_calibrate``.
+        """
+        if model_args:
+            raise TypeError("CalibratedModel.from_pretrained takes no positional model arguments.")
+        unknown = set(kwargs) - _TRANSFORMERS_LOAD_KWARGS
+        if unknown:
+            raise TypeError(f"from_pretrained() got unexpected keyword argument(s) {sorted(unknown)}.")
+        hub_options = dict(token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        root = _hub.resolve_folder(
+            pretrained_model_name_or_path, revision=revision, force_download=force_download, subfolder=subfolder, **hub_options
+        )
+        record = serialization.read_record(root)
+        calibrator = serialization.load_calibrator(root, record)
+        base = base_model if base_model is not None else serialization.load_base(root, record, **hub_options)
+        backbone = adapt(base, num_classes=calibrator.num_classes)
+        serialization.verify_against_base(root, record, backbone, calibrator)
+        if isinstance(dtype, torch.dtype):
+            base.to(dtype)
+        base_info = record["base_model"]
+        config = CalibratedConfig(
+            base_library=base_info["library"], base_task=base_info["task"], calibration_method=record["method"],
+            id2label={int(k): v for k, v in base_info["id2label"].items()},
+        )
+        model = cls(config, base, calibrator.to(backbone_device(base)))
+        model.fit_summary = dict(record["fit"].get("summary") or {})
+        model.provenance = {key: value for key, value in record["fit"].items() if key != "summary"}
+        model.provenance.update(options=record.get("options", {}), base_fingerprint=base_info.get("fingerprint"))
+        model.last_evaluation = _evaluation_from_record(record.get("evaluation"))
+        model.preprocessor = serialization.load_preprocessor(root)
+        return model.eval()
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: Optional[bool] = None,
+        revision: Optional[str] = None,
+        commit_message: Optional[str] = None,
+        token: Optional[str | bool] = None,
+        include_base: bool = True,
+        base_model_id: Optional[str] = None,
+        base_revision: Optional[str] = None,
+        preprocessor: Any = None,
+        overwrite_card: bool = False,
+    ) -> Any:
+        """Save and upload to ``repo_id`` (created if missing) as one commit; returns the ``CommitInfo``.
+
+        ``revision`` names the branch (created if missing). A README.md already on the hub
+        that hf_calibrate did not write is kept unless ``overwrite_card``.
+        """
+        with tempfile.TemporaryDirectory(prefix="hf_calibrate_push_") as tmp:
+            folder = self.save_pretrained(
+                Path(tmp) / "repo", include_base=include_base, base_model_id=base_model_id, base_revision=base_revision,
+                preprocessor=preprocessor, overwrite_card=True, repo_id=repo_id,
+            )
+            return _hub.push_folder(
+                folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,
+                overwrite_card=overwrite_card,
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self.calibrator, "is_fitted", False):
@@ -276,3 +467,37 @@ def register_auto_classes() -> None:
     AutoConfig.register(CalibratedConfig.model_type, CalibratedConfig, exist_ok=True)
     AutoModelForImageClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
     AutoModelForSequenceClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
+
+
+_TRANSFORMERS_SAVE_KWARGS = {"state_dict", "safe_serialization", "max_shard_size", "variant", "token", "save_function", "push_to_hub"}
+# What AutoModelFor*.from_pretrained and pipeline(...) may pass on; none of them changes how we load.
+_TRANSFORMERS_LOAD_KWARGS = {
+    "config", "trust_remote_code", "adapter_kwargs", "device_map", "torch_dtype", "attn_implementation",
+    "low_cpu_mem_usage", "use_safetensors", "_from_auto", "_from_pipeline", "_commit_hash", "code_revision", "proxies",
+}
+
+
+def backbone_device(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The JSON-able part of :meth:`CalibratedModel.evaluate`'s result, for the record and card."""
+    if not evaluation:
+        return None
+    return {
+        "dataset": evaluation["dataset"],
+        "split": evaluation.get("split"),
+        "n_bins": evaluation.get("n_bins"),
+        **cards.card_metrics(evaluation),
+        "reliability": {side: bins.to_dict() for side, bins in evaluation["reliability"].items()},
+    }
+
+
+def _evaluation_from_record(record: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if not record:
+        return None
+    evaluation = {key: value for key, value in record.items() if key != "reliability"}
+    evaluation["reliability"] = {side: ReliabilityBins.from_dict(data) for side, data in (record.get("reliability") or {}).items()}
+    return evaluation

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from hub_server import HubServer
 
 # Registers the `hub_server` / `hub_online` fixtures (a conftest.py may register them instead).
-pytest_plugins = ["hub_server"]
 
 
 def _tree(root: Path) -> dict[str, bytes]:

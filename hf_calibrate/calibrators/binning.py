@@ -35,7 +35,7 @@ def _check_mode(mode: str) -> str:
 
 def _scores(probs: torch.Tensor, mode: str) -> torch.Tensor:
     """(maps, N) scores a map is applied to: the confidence (1 map) or each p_k (C maps)."""
-    return probs.max(dim=1).values[None] if mode == "top_label" else probs.T
+    return probs.max(dim=1).values[None] if mode == "top_label" else probs.T.contiguous()
 
 
 def _targets(probs: torch.Tensor, labels: torch.Tensor, mode: str) -> torch.Tensor:

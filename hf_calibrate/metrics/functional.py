@@ -289,7 +289,7 @@ def accuracy(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     return float(top_label(probs, labels)[1].mean())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReliabilityBins:
     """Data of a reliability diagram (equal-width bins), computed apart from any drawing.
 
@@ -325,6 +325,19 @@ class ReliabilityBins:
             accuracy=bin_accuracy,
             ece=calibration_error_from_statistics(stats, "l1"),
         )
+
+    def to_dict(self) -> dict:
+        """JSON-able form (empty bins as None); :meth:`from_dict` inverts it."""
+        def listed(values: np.ndarray) -> list:
+            return [None if np.isnan(v) else float(v) for v in values]
+
+        return {"counts": self.counts.tolist(), "mean_confidence": listed(self.mean_confidence), "accuracy": listed(self.accuracy)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ReliabilityBins":
+        counts = torch.tensor(data["counts"], dtype=torch.float64)
+        means = [torch.tensor([0.0 if v is None else v for v in data[key]], dtype=torch.float64) for key in ("mean_confidence", "accuracy")]
+        return cls.from_statistics(torch.stack([counts, means[0] * counts, means[1] * counts]))
 
 
 def reliability_bins(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> ReliabilityBins:

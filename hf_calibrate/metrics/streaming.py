@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import torch
+import torch.distributed as dist
 
 from .._distributed import all_gather_variable, all_reduce_sum_, world_size
 from ._checks import check_n_bins, prepare_inputs
@@ -103,17 +104,31 @@ class CalibrationMetrics:
             self._correct.append(correct)
 
     def _synced_state(self, sync: bool):
-        if self._width_stats is None:
-            raise ValueError("no samples were added: call update() with at least one batch before compute().")
-        width, classes, sums = self._width_stats.clone(), self._class_stats.clone(), self._sums.clone()
-        confidences = torch.cat(self._confidences) if self.adaptive else None
-        correct = torch.cat(self._correct) if self.adaptive else None
-        if sync and world_size() > 1:
+        no_samples = "no samples were added: call update() with at least one batch before compute()."
+        distributed = sync and world_size() > 1
+        if self._width_stats is not None:
+            width, classes, sums = self._width_stats.clone(), self._class_stats.clone(), self._sums.clone()
+        elif distributed:
+            # This process's shard was empty; it still joins the collectives, with zero statistics.
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+            width = torch.zeros(3, self.n_bins, dtype=torch.float64, device=device)
+            classes = torch.zeros(3, self.num_classes, self.n_bins, dtype=torch.float64, device=device)
+            sums = torch.zeros(2, dtype=torch.float64, device=device)
+        else:
+            raise ValueError(no_samples)
+        confidences = correct = None
+        if self.adaptive:
+            empty = width.new_zeros(0)
+            confidences = torch.cat(self._confidences) if self._confidences else empty
+            correct = torch.cat(self._correct) if self._correct else empty
+        if distributed:
             for tensor in (width, classes, sums):
                 all_reduce_sum_(tensor)
             if self.adaptive:
                 confidences = all_gather_variable(confidences)
                 correct = all_gather_variable(correct)
+            if not bool(width[0].sum() > 0):
+                raise ValueError(no_samples.replace("were added", "were added on any process"))
         return width, classes, sums, confidences, correct
 
     def compute(self, *, sync: bool = True) -> Dict[str, float]:

@@ -1,0 +1,66 @@
+"""Multiclass Brier score as a Hugging Face ``evaluate`` metric.
+
+A thin wrapper over :func:`hf_calibrate.metrics.brier_score`; the math and the input
+validation live there.
+"""
+
+import datasets
+import evaluate
+
+from hf_calibrate.metrics import brier_score
+
+_DESCRIPTION = """
+Brier score: the mean over samples of the squared distance between the probability vector
+and the one-hot label, sum_k (p_k - [y = k])^2. It is SUMMED over the C classes (Brier's
+original definition), so it lies in [0, 2]; sklearn-style multiclass Brier scores divide by C.
+A strictly proper scoring rule: it rewards both accuracy and calibration.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `list` of `float`): (N, C) class probabilities, each row summing
+        to 1 (logits with `from_logits=True`).
+    references (`list` of `int`): (N,) true class indices in [0, C).
+    from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
+
+Returns:
+    brier (`float`): the Brier score summed over classes, in [0, 2]; lower is better.
+
+Examples:
+    >>> import evaluate
+    >>> brier = evaluate.load("evaluate_metrics/brier")
+    >>> brier.compute(predictions=[[0.5, 0.5], [0.25, 0.75]], references=[0, 1])
+    {'brier': 0.3125}
+    >>> brier.compute(predictions=[[0.0, 0.0]], references=[1], from_logits=True)
+    {'brier': 0.5}
+"""
+
+_CITATION = """
+@article{brier1950verification,
+  title   = {Verification of Forecasts Expressed in Terms of Probability},
+  author  = {Brier, Glenn W.},
+  journal = {Monthly Weather Review},
+  volume  = {78},
+  number  = {1},
+  pages   = {1--3},
+  year    = {1950}
+}
+"""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Brier(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Sequence(datasets.Value("float64")), "references": datasets.Value("int64")}
+            ),
+            reference_urls=["https://doi.org/10.1175/1520-0493(1950)078<0001:VOFEIT>2.0.CO;2"],
+        )
+
+    def _compute(self, predictions, references, **kwargs):
+        """kwargs: ``from_logits`` (see above)."""
+        return {"brier": brier_score(predictions, references, **kwargs)}

@@ -1,0 +1,239 @@
+"""Reliability diagrams: drawing only; the data come from :func:`hf_calibrate.metrics.reliability_bins`.
+
+matplotlib is an optional dependency (``pip install 'hf-calibrate[plot]'``), imported when a
+diagram is drawn. Figures are built as ``matplotlib.figure.Figure`` on an Agg canvas, never
+through ``pyplot``, so drawing neither needs a display nor changes the user's backend.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Tuple
+
+import numpy as np
+
+from .metrics import ReliabilityBins, reliability_bins
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+ACCURACY_COLOR = "#4c72b0"
+# (edge and hatch, opaque face) of the gap between accuracy and mean confidence.
+OVERCONFIDENT_COLORS = ("#d55e00", "#eebf99")  # confidence above accuracy
+UNDERCONFIDENT_COLORS = ("#009e73", "#99d8c7")  # accuracy above confidence
+PANEL_SIZE = (4.2, 5.4)  # inches per diagram (width, height)
+DPI = 150
+
+
+def _new_figure(size: Tuple[float, float]) -> "Figure":
+    """An empty Figure on an Agg canvas, independent of pyplot and of the active backend."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "drawing reliability diagrams needs matplotlib: pip install 'hf-calibrate[plot]'"
+        ) from err
+    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _check_bins(bins: Any, name: str = "bins") -> ReliabilityBins:
+    if not isinstance(bins, ReliabilityBins):
+        raise ValueError(
+            f"{name} must be a ReliabilityBins (see hf_calibrate.metrics.reliability_bins), "
+            f"got {type(bins).__name__}."
+        )
+    n_bins = bins.counts.shape[0]
+    shapes = [np.shape(bins.edges), np.shape(bins.mean_confidence), np.shape(bins.accuracy)]
+    if n_bins < 1 or shapes != [(n_bins + 1,), (n_bins,), (n_bins,)]:
+        raise ValueError(
+            f"{name} is inconsistent: edges {shapes[0]}, counts {np.shape(bins.counts)}, mean_confidence "
+            f"{shapes[1]} and accuracy {shapes[2]} must have shapes (B+1,), (B,), (B,) and (B,) with B >= 1."
+        )
+    if not (bins.counts > 0).any():
+        raise ValueError(f"{name} holds no samples: every bin is empty.")
+    return bins
+
+
+def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str | None) -> None:
+    """Draw ``bins`` into ``ax`` (accuracy per bin) and ``count_ax`` (samples per bin)."""
+    filled = bins.counts > 0
+    left = bins.edges[:-1][filled]
+    width = np.diff(bins.edges)[filled]
+    accuracy = bins.accuracy[filled]
+    confidence = bins.mean_confidence[filled]
+
+    ax.bar(left, accuracy, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="white",
+           linewidth=0.8, label="accuracy")
+    for kind, mask, (edge, face), hatch in [
+        ("over", confidence > accuracy, OVERCONFIDENT_COLORS, "///"),
+        ("under", accuracy > confidence, UNDERCONFIDENT_COLORS, "\\\\\\"),
+    ]:
+        if mask.any():
+            low = np.minimum(accuracy, confidence)[mask]
+            ax.bar(left[mask], np.abs(accuracy - confidence)[mask], bottom=low, width=width[mask], align="edge",
+                   facecolor=face, edgecolor=edge, hatch=hatch, linewidth=0.8,
+                   label=f"gap, {kind}-confident")
+    ax.plot([0, 1], [0, 1], linestyle="--", color="0.3", linewidth=1.0, label="perfect calibration")
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", xticks=np.linspace(0, 1, 6), yticks=np.linspace(0, 1, 6))
+    ax.grid(True, linewidth=0.4, alpha=0.5)
+    ax.set_axisbelow(True)
+    ece = f"ECE = {bins.ece:.2%}"
+    ax.set_title(f"{title}\n{ece}" if title else ece)
+    if count_ax is None:
+        ax.set_xlabel("confidence")
+        return
+    ax.tick_params(labelbottom=False)
+    count_ax.bar(left, bins.counts[filled], width=width, align="edge", color="0.55", edgecolor="white",
+                 linewidth=0.8, label="samples")
+    count_ax.set(xlim=(0, 1), yscale="log", xlabel="confidence", ylabel="samples", xticks=np.linspace(0, 1, 6))
+    count_ax.grid(True, axis="y", linewidth=0.4, alpha=0.5)
+    count_ax.set_axisbelow(True)
+
+
+def _figure_legend(figure: "Figure", axes: list["Axes"], columns: int) -> None:
+    """One legend below the panels, with each label of ``axes`` once."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    figure.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=columns, fontsize="small",
+                  frameon=False)
+
+
+def _panel_axes(figure: "Figure", columns: int) -> list[Tuple["Axes", "Axes"]]:
+    """``columns`` (reliability, count) pairs of axes, the count panel a quarter as tall, below."""
+    grid = figure.add_gridspec(2, columns, height_ratios=[4, 1])
+    pairs = []
+    for column in range(columns):
+        ax = figure.add_subplot(grid[0, column])
+        count_ax = figure.add_subplot(grid[1, column], sharex=ax, sharey=pairs[0][1] if pairs else None)
+        pairs.append((ax, count_ax))
+    return pairs
+
+
+def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
+    """Write ``figure`` as a PNG to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as stream:  # plain open: the PNG gets the usual umask permissions
+            figure.savefig(stream, format="png")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def reliability_diagram(
+    bins: ReliabilityBins | None = None,
+    *,
+    probs: Any = None,
+    labels: Any = None,
+    n_bins: int = 15,
+    from_logits: bool = False,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+    ax: "Axes | None" = None,
+    count_ax: "Axes | None" = None,
+) -> "Figure":
+    """Draw a reliability diagram: per-bin accuracy against confidence, and samples per bin.
+
+    Pass either ``bins`` (from :func:`hf_calibrate.metrics.reliability_bins` or
+    ``CalibrationMetrics.reliability()``) or ``probs`` (N, C) and ``labels`` (N,), which are
+    binned here into ``n_bins`` equal-width bins (``from_logits`` applies softmax first).
+
+    Bars show each non-empty bin's accuracy; the gap to the bin's mean confidence is hatched,
+    in orange where the model is over-confident (confidence above accuracy) and green where
+    it is under-confident. The dashed diagonal is perfect calibration, and a log-scale
+    histogram of samples per bin sits below. The title carries the ECE.
+
+    Args:
+        title: text above the ECE in the title.
+        path: also write the figure as a PNG there (atomically).
+        ax: draw the reliability panel into this Axes instead of a new figure.
+        count_ax: with ``ax``, the Axes for the sample histogram (none is drawn without it).
+
+    Returns:
+        The Figure drawn into (a new one unless ``ax`` was given).
+
+    Example:
+        >>> import torch
+        >>> probs = torch.softmax(3 * torch.randn(500, 10, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> figure = reliability_diagram(probs=probs, labels=torch.zeros(500, dtype=torch.long), title="random")
+        >>> figure.axes[0].get_title().startswith("random\\nECE = ")
+        True
+    """
+    if (bins is None) == (probs is None):
+        raise ValueError("pass either bins or probs and labels, not both and not neither.")
+    if bins is None:
+        if labels is None:
+            raise ValueError("probs needs labels: pass labels=(N,) class indices.")
+        bins = reliability_bins(probs, labels, n_bins=n_bins, from_logits=from_logits)
+    elif labels is not None:
+        raise ValueError("labels are only used with probs; bins already hold the data.")
+    bins = _check_bins(bins)
+    if count_ax is not None and ax is None:
+        raise ValueError("count_ax is only used together with ax.")
+
+    if ax is None:
+        figure = _new_figure(PANEL_SIZE)
+        ax, count_ax = _panel_axes(figure, 1)[0]
+        _draw(bins, ax, count_ax, title)
+        _figure_legend(figure, [ax], columns=2)
+    else:
+        figure = ax.figure
+        _draw(bins, ax, count_ax, title)
+        ax.legend(loc="best", fontsize="small")
+    if path is not None:
+        _save_atomically(figure, path)
+    return figure
+
+
+def compare_reliability_diagrams(
+    diagrams: Mapping[str, ReliabilityBins],
+    *,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+) -> "Figure":
+    """Draw several reliability diagrams side by side, one per entry, in one figure.
+
+    Args:
+        diagrams: panel title -> bins, drawn left to right in order, e.g.
+            ``{"uncalibrated": bins_a, "temperature scaling": bins_b}``.
+        title: overall title above the panels.
+        path: also write the figure as a PNG there (atomically).
+
+    Returns:
+        A new Figure with one (reliability, count) column per entry; count axes share y.
+
+    Example:
+        >>> import torch
+        >>> from hf_calibrate.metrics import reliability_bins
+        >>> logits = 3 * torch.randn(500, 10, generator=torch.Generator().manual_seed(0))
+        >>> labels = logits.argmax(dim=1)
+        >>> figure = compare_reliability_diagrams({
+        ...     "raw": reliability_bins(logits, labels, from_logits=True),
+        ...     "T = 3": reliability_bins(logits / 3, labels, from_logits=True),
+        ... })
+        >>> len(figure.axes)
+        4
+    """
+    if not isinstance(diagrams, Mapping) or not diagrams:
+        raise ValueError("diagrams must be a non-empty mapping of panel title -> ReliabilityBins.")
+    checked = {name: _check_bins(bins, f"diagrams[{name!r}]") for name, bins in diagrams.items()}
+    figure = _new_figure((PANEL_SIZE[0] * len(checked), PANEL_SIZE[1]))
+    panels = _panel_axes(figure, len(checked))
+    for (name, bins), (ax, count_ax) in zip(checked.items(), panels):
+        _draw(bins, ax, count_ax, name)
+    _figure_legend(figure, [ax for ax, _ in panels], columns=4)
+    if title:
+        figure.suptitle(title)
+    if path is not None:
+        _save_atomically(figure, path)
+    return figure

@@ -1,0 +1,49 @@
+"""Suite-wide settings: offline Hugging Face libraries, and the shared zoo of real models.
+
+Nothing may be downloaded at test time. The environment is set here, before any test module
+imports transformers, huggingface_hub, datasets or evaluate. Hub round trips run against the
+local server of ``tests/hub_server.py`` (fixtures ``hub_server`` / ``hub_online``).
+
+The zoo models (``hf_calibrate.demo``) are trained deterministically on the first run and
+cached in ``$HF_CALIBRATE_CACHE`` (default ``~/.cache/hf_calibrate/zoo``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
+    os.environ[_name] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A private HF_HOME: evaluate and datasets need a writable cache, and the user's stays untouched.
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_calibrate_tests_hf_home_")
+
+import pytest  # noqa: E402
+
+pytest_plugins = ["hub_server"]
+
+
+@pytest.fixture(scope="session")
+def digits_cnn():
+    """timm resnet10t trained on sklearn digits (train split), with its DatasetDict."""
+    from hf_calibrate.demo import digits_timm_cnn
+
+    return digits_timm_cnn(progress=False)
+
+
+@pytest.fixture(scope="session")
+def digits_vit():
+    """A small transformers ViT trained from scratch on sklearn digits."""
+    from hf_calibrate.demo import digits_vit as build
+
+    return build(progress=False)
+
+
+@pytest.fixture(scope="session")
+def bbc_minilm():
+    """The real pretrained all-MiniLM-L6-v2 with a classification head trained on BBC News."""
+    from hf_calibrate.demo import bbc_minilm as build
+
+    return build(progress=False)

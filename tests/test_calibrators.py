@@ -1,0 +1,229 @@
+"""Calibrators on cached logits: against definitions, peers (scipy, sklearn) and properties."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import minimize_scalar
+from sklearn.isotonic import IsotonicRegression
+
+from hf_calibrate.calibrators import (
+    CALIBRATORS,
+    DirichletCalibration,
+    HistogramBinning,
+    IsotonicCalibration,
+    MatrixScaling,
+    NeuralClamping,
+    TemperatureScaling,
+    VectorScaling,
+    calibrator_class,
+    focal_loss,
+    parse_options,
+)
+from hf_calibrate.calibrators.binning import _interpolate, _top_label_vector
+from hf_calibrate.metrics import expected_calibration_error
+
+
+def miscalibrated(n: int = 4000, classes: int = 6, sharpness: float = 3.0, seed: int = 0):
+    """Logits whose labels follow softmax(logits / sharpness): over-confident by that factor."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, classes, generator=generator) * 3
+    labels = torch.multinomial(torch.softmax(logits / sharpness, dim=1), 1, generator=generator).squeeze(1)
+    return logits, labels
+
+
+def fitted(cls, logits, labels, **options):
+    calibrator = cls.create(logits.shape[1], parse_options(cls.Options, options, cls.method))
+    summary = calibrator.fit_logits(logits, labels, calibrator.Options(**options))
+    return calibrator, summary
+
+
+def test_temperature_matches_a_scalar_minimiser():
+    logits, labels = miscalibrated()
+    calibrator, summary = fitted(TemperatureScaling, logits, labels)
+    reference = minimize_scalar(
+        lambda log_t: F.cross_entropy(logits.double() / math.exp(log_t), labels).item(), bounds=(-3, 3), method="bounded",
+        options={"xatol": 1e-9},
+    )
+    assert calibrator.temperature.item() == pytest.approx(math.exp(reference.x), rel=1e-5)
+    assert 2.5 < calibrator.temperature.item() < 3.5  # labels were drawn at temperature 3
+    assert summary["iterations"] < 20
+    with torch.no_grad():
+        assert torch.equal(calibrator(logits).argmax(1), logits.argmax(1))
+
+
+def test_temperature_below_one_for_an_under_confident_model():
+    logits, labels = miscalibrated(sharpness=0.4)
+    calibrator, _ = fitted(TemperatureScaling, logits, labels)
+    assert 0.3 < calibrator.temperature.item() < 0.5
+
+
+@pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
+def test_linear_maps_start_at_ts_and_only_improve(cls):
+    logits, labels = miscalibrated()
+    ts, _ = fitted(TemperatureScaling, logits, labels)
+    calibrator, summary = fitted(cls, logits, labels)
+    with torch.no_grad():
+        ts_nll = F.cross_entropy(ts(logits).double(), labels).item()
+        nll = F.cross_entropy(calibrator(logits).double(), labels).item()
+    assert summary["loss"] <= ts_nll + 1e-9  # the objective starts at TS (penalty 0 there)
+    assert nll <= ts_nll + 1e-6
+
+
+def test_vector_scaling_recovers_per_class_scales():
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(20000, 3, generator=generator) * 2
+    scales, bias = torch.tensor([0.5, 1.0, 2.0]), torch.tensor([0.3, 0.0, -0.3])
+    labels = torch.multinomial(torch.softmax(logits * scales + bias, 1), 1, generator=generator).squeeze(1)
+    calibrator, _ = fitted(VectorScaling, logits, labels)
+    # softmax is invariant to a common shift of the bias: compare centred biases
+    assert torch.allclose(calibrator.log_scale.exp().detach(), scales, atol=0.08)
+    fitted_bias = calibrator.bias.detach()
+    assert torch.allclose(fitted_bias - fitted_bias.mean(), bias - bias.mean(), atol=0.08)
+
+
+def test_dirichlet_with_scaled_identity_is_temperature_scaling():
+    logits, _ = miscalibrated(n=50)
+    dirichlet = DirichletCalibration(6)
+    with torch.no_grad():
+        dirichlet.weight.copy_(torch.eye(6) * 0.4)
+        assert torch.allclose(torch.softmax(dirichlet(logits), 1), torch.softmax(logits * 0.4, 1), atol=1e-6)
+
+
+def test_odir_penalises_off_diagonal_weights_only():
+    logits, labels = miscalibrated()
+    loose, _ = fitted(MatrixScaling, logits, labels, l2_off_diagonal=0.0, l2_bias=0.0)
+    tight, _ = fitted(MatrixScaling, logits, labels, l2_off_diagonal=100.0, l2_bias=100.0)
+    off = lambda w: (w - torch.diag(torch.diag(w))).abs().sum().item()  # noqa: E731
+    assert off(tight.weight.detach()) < 0.2 * off(loose.weight.detach())
+
+
+@pytest.mark.parametrize("mode", ["top_label", "one_vs_rest"])
+def test_histogram_bins_hold_empirical_frequencies(mode):
+    logits, labels = miscalibrated()
+    calibrator, _ = fitted(HistogramBinning, logits, labels, n_bins=10, mode=mode)
+    probs = torch.softmax(logits.double(), 1)
+    scores = probs.max(1).values if mode == "top_label" else probs[:, 2]
+    targets = (probs.argmax(1) == labels) if mode == "top_label" else (labels == 2)
+    row = 0 if mode == "top_label" else 2
+    for b in range(10):
+        in_bin = (scores > b / 10) & (scores <= (b + 1) / 10)
+        if in_bin.any():
+            assert calibrator.bin_values[row, b].item() == pytest.approx(targets[in_bin].double().mean().item())
+    with torch.no_grad():
+        calibrated = torch.softmax(calibrator(logits).double(), 1)
+    assert torch.allclose(calibrated.sum(1), torch.ones(len(logits), dtype=torch.float64))
+    if mode == "top_label":  # the top probability is the bin frequency
+        expected = calibrator.bin_values[0, ((scores * 10).ceil().long() - 1).clamp(0, 9)]
+        assert torch.allclose(calibrated.max(1).values, expected, atol=1e-6)
+
+
+def test_isotonic_top_label_matches_sklearn():
+    logits, labels = miscalibrated()
+    calibrator, _ = fitted(IsotonicCalibration, logits, labels)
+    probs = torch.softmax(logits.double(), 1)
+    confidence = probs.max(1).values.numpy()
+    correct = (probs.argmax(1) == labels).double().numpy()
+    reference = IsotonicRegression(out_of_bounds="clip").fit(confidence, correct)
+    queries = np.concatenate([confidence[:500], np.random.default_rng(0).uniform(0.0, 1.0, 500)])
+    ours = _interpolate(torch.from_numpy(queries)[None], calibrator.knots_x, calibrator.knots_y)[0].numpy()
+    np.testing.assert_allclose(ours, reference.predict(queries), atol=1e-9)
+
+
+def test_isotonic_one_vs_rest_rows_are_distributions():
+    logits, labels = miscalibrated()
+    calibrator, summary = fitted(IsotonicCalibration, logits, labels, mode="one_vs_rest")
+    assert calibrator.knots_x.shape == (6, summary["num_knots"])
+    with torch.no_grad():
+        probs = torch.softmax(calibrator(logits).double(), 1)
+    assert torch.allclose(probs.sum(1), torch.ones(len(logits), dtype=torch.float64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 8).flatmap(
+        lambda c: st.tuples(
+            st.lists(st.floats(0.0, 1.0), min_size=c, max_size=c).filter(lambda v: sum(v) > 1e-3),
+            st.floats(0.0, 1.0),
+        )
+    )
+)
+def test_top_label_vector_keeps_argmax_and_order(case):
+    weights, top = case
+    probs = torch.tensor(weights, dtype=torch.float64)[None]
+    probs = probs / probs.sum()
+    calibrated = _top_label_vector(probs, torch.tensor([top], dtype=torch.float64))[0]
+    classes = probs.shape[1]
+    predicted = int(probs.argmax())
+    assert calibrated.sum().item() == pytest.approx(1.0, abs=1e-9)
+    assert calibrated[predicted].item() == pytest.approx(top, abs=1e-12)
+    assert bool((calibrated >= -1e-15).all())
+    if top >= 1 / classes + 1e-6:
+        assert int(calibrated.argmax()) == predicted
+    others = [k for k in range(classes) if k != predicted]
+    for i in others:  # the other classes keep their order
+        for j in others:
+            if probs[0, i] > probs[0, j] + 1e-12:
+                assert calibrated[i] >= calibrated[j] - 1e-12
+
+
+@pytest.mark.parametrize("method", ["temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic"])
+def test_every_logit_method_lowers_ece_on_fresh_data(method):
+    logits, labels = miscalibrated(seed=0)
+    test_logits, test_labels = miscalibrated(seed=1)
+    cls = calibrator_class(method)
+    calibrator, _ = fitted(cls, logits, labels)
+    with torch.no_grad():
+        after = expected_calibration_error(calibrator(test_logits), test_labels, from_logits=True)
+    before = expected_calibration_error(test_logits, test_labels, from_logits=True)
+    assert after < 0.5 * before
+
+
+def test_focal_loss_definition():
+    logits, labels = miscalibrated(n=64)
+    assert torch.allclose(focal_loss(logits, labels, 0.0), F.cross_entropy(logits, labels), atol=1e-6)
+    p = torch.softmax(logits, 1).gather(1, labels[:, None]).squeeze(1)
+    manual = (-(1 - p) ** 2 * p.log()).mean()
+    assert torch.allclose(focal_loss(logits, labels, 2.0), manual, atol=1e-6)
+    assert torch.allclose(focal_loss(logits, labels, 1.0, reduction="sum"), focal_loss(logits, labels, 1.0) * 64, atol=1e-4)
+
+
+def test_unknown_methods_and_options_are_named():
+    with pytest.raises(ValueError, match="unknown method 'platt'.*neural_clamping"):
+        calibrator_class("platt")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_bin'\].*n_bins"):
+        parse_options(HistogramBinning.Options, {"n_bin": 5}, "histogram")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        HistogramBinning(3, mode="per_class")
+    assert set(CALIBRATORS) == {"temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "neural_clamping"}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"epochs": 0}, "epochs must be a positive integer"),
+        ({"lr": -1.0}, "lr must be positive"),
+        ({"gamma": []}, "gamma must be a non-negative number"),
+        ({"delta_weight": -0.1}, "delta_weight must be"),
+        ({"delta_init": "ones"}, "delta_init must be one of"),
+        ({"holdout_fraction": 1.0}, "holdout_fraction must be in"),
+        ({"select_metric": "accuracy"}, "select_metric must be one of"),
+        ({"augment": "yes"}, "augment must be True, False or a callable"),
+    ],
+)
+def test_neural_clamping_options_are_validated(options, message):
+    with pytest.raises(ValueError, match=message):
+        NeuralClamping.Options(**options)
+
+
+def test_neural_clamping_grids_and_defaults():
+    options = NeuralClamping.Options(gamma=[0, 1, 2], delta_weight=0.05)
+    assert options.gamma == (0.0, 1.0, 2.0) and options.delta_weight == (0.05,)
+    defaults = NeuralClamping.Options()
+    assert (defaults.lr, defaults.momentum, defaults.gamma, defaults.delta_weight) == (0.01, 0.9, (1.0,), (0.01,))

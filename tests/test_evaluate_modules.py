@@ -1,0 +1,213 @@
+"""The Hugging Face ``evaluate`` modules in ``evaluate_metrics/`` are exact, thin wrappers
+over :mod:`hf_calibrate.metrics`, load offline, and their documented examples run."""
+
+from __future__ import annotations
+
+import doctest
+import re
+import runpy
+import sys
+import uuid
+from pathlib import Path
+
+import evaluate
+import evaluate.config
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from hf_calibrate import metrics
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODULES_DIR = REPO_ROOT / "evaluate_metrics"
+
+# Folder name -> the hf_calibrate call the module must reproduce, as the module's output dict.
+REFERENCE = {
+    "ece": lambda p, y, **kw: {"ece": metrics.expected_calibration_error(p, y, **kw)},
+    "classwise_ece": lambda p, y, **kw: {"classwise_ece": metrics.classwise_calibration_error(p, y, **kw)},
+    "nll": lambda p, y, **kw: {"nll": metrics.negative_log_likelihood(p, y, **kw)},
+    "brier": lambda p, y, **kw: {"brier": metrics.brier_score(p, y, **kw)},
+    "calibration": lambda p, y, **kw: metrics.calibration_report(p, y, **kw),
+}
+NAMES = sorted(REFERENCE)
+CLASS_NAMES = {
+    "ece": "Ece", "classwise_ece": "ClasswiseEce", "nll": "Nll", "brier": "Brier", "calibration": "Calibration"
+}
+
+
+@pytest.fixture(scope="session")
+def hf_home(tmp_path_factory):
+    """An empty, writable HF_HOME with the hub unreachable, for the whole session.
+
+    ``evaluate`` reads its cache paths at import time, so its config is patched as well as
+    the environment. Session scope because the dynamic-module package ``evaluate_modules`` is
+    imported once per process from the first cache directory put on ``sys.path``.
+    """
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, value in {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}.items():
+            patch.setenv(variable, value)
+        patch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+        patch.setattr(evaluate.config, "HF_EVALUATE_CACHE", home / "evaluate")
+        patch.setattr(evaluate.config, "HF_METRICS_CACHE", home / "metrics")
+        patch.setattr(evaluate.config, "HF_MODULES_CACHE", home / "modules")
+        patch.setattr(sys, "path", list(sys.path))  # evaluate appends its modules cache
+        yield home
+        for module_name in [name for name in sys.modules if name.startswith("evaluate_modules")]:
+            del sys.modules[module_name]
+
+
+@pytest.fixture(autouse=True)
+def offline_from_repo_root(hf_home, monkeypatch):
+    """Every test loads modules by their folder path relative to the repository root."""
+    monkeypatch.chdir(REPO_ROOT)
+
+
+def load(name: str, *, will_fail: bool = False) -> evaluate.EvaluationModule:
+    """Load a module by folder path, as a user at the repository root does.
+
+    In evaluate 0.4.6 a ``compute`` that raises keeps its instance's cache-file lock until the
+    instance is garbage-collected, and each later instance with the same ``experiment_id``
+    waits 1 s for that lock; an instance meant to fail gets an ``experiment_id`` of its own.
+    """
+    return evaluate.load(f"evaluate_metrics/{name}", experiment_id=uuid.uuid4().hex if will_fail else None)
+
+
+def random_probs(num_samples: int = 257, num_classes: int = 7, seed: int = 0):
+    """Over-confident float64 probabilities (softmax of scaled Gaussian logits) and labels."""
+    rng = np.random.default_rng(seed)
+    logits = 3.0 * rng.standard_normal((num_samples, num_classes))
+    labels = rng.integers(0, num_classes, num_samples)
+    return torch.softmax(torch.from_numpy(logits), dim=1).numpy(), labels, logits
+
+
+def run_doctests(text: str, name: str) -> doctest.TestResults:
+    test = doctest.DocTestParser().get_doctest(text, {}, name, name, 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report: list[str] = []
+    result = runner.run(test, out=report.append)
+    assert result.failed == 0, "".join(report)
+    return result
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loads_offline_into_the_tmp_cache(name, hf_home):
+    metric = load(name)
+    assert isinstance(metric, evaluate.Metric)
+    assert type(metric).__name__ == CLASS_NAMES[name]  # not evaluate's abstract-by-convention base
+    assert metric.name == name
+    assert list(metric.features) == ["predictions", "references"]
+    copied = Path(sys.modules[type(metric).__module__].__file__)
+    assert copied.is_relative_to(hf_home / "modules") and copied.name == f"{name}.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compute_matches_hf_calibrate_exactly(name):
+    probs, labels, _ = random_probs()
+    assert load(name).compute(predictions=probs, references=labels) == REFERENCE[name](probs, labels)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_add_batch_and_add_equal_one_shot(name):
+    probs, labels, _ = random_probs()
+    expected = load(name).compute(predictions=probs, references=labels)
+
+    batched = load(name)
+    for start, stop in [(0, 50), (50, 51), (51, 200), (200, len(labels))]:
+        batched.add_batch(predictions=probs[start:stop], references=labels[start:stop])
+    assert batched.compute() == expected
+
+    one_by_one = load(name)
+    for row, label in zip(probs, labels):
+        one_by_one.add(prediction=row, reference=label)
+    assert one_by_one.compute() == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_from_logits_equals_softmax_then_compute(name):
+    probs, labels, logits = random_probs(seed=1)
+    from_logits = load(name).compute(predictions=logits, references=labels, from_logits=True)
+    assert from_logits == load(name).compute(predictions=probs, references=labels)
+    assert from_logits == REFERENCE[name](logits, labels, from_logits=True)
+    with pytest.raises(ValueError, match="from_logits=True"):  # the logits are not probabilities
+        load(name, will_fail=True).compute(predictions=logits, references=labels)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("ece", {"n_bins": 4}),
+        ("ece", {"binning": "equal_mass"}),
+        ("ece", {"norm": "l2"}),
+        ("ece", {"norm": "max", "n_bins": 7}),
+        ("classwise_ece", {"n_bins": 4}),
+        ("calibration", {"n_bins": 4}),
+    ],
+)
+def test_kwargs_pass_through(name, kwargs):
+    probs, labels, _ = random_probs(num_samples=300, seed=2)
+    result = load(name).compute(predictions=probs, references=labels, **kwargs)
+    assert result == REFERENCE[name](probs, labels, **kwargs)
+    assert result != REFERENCE[name](probs, labels)  # the kwargs changed the value
+
+
+def test_unknown_kwarg_is_rejected():
+    with pytest.raises(TypeError, match="n_bin"):
+        load("ece", will_fail=True).compute(predictions=[[0.3, 0.7]], references=[1], n_bin=10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    ("predictions", "references", "message"),
+    [
+        ([[0.3, 0.7], [0.6, 0.4]], [1, 2], r"label 2 is outside the valid range \[0, 1\]"),
+        ([[0.3, 0.9], [0.6, 0.4]], [1, 0], r"row 0 sums to 1\.2.*from_logits=True"),
+        ([[0.3, 0.7], [1.0]], [1, 0], "probs could not be read as a numeric array"),
+        ([[float("nan"), 0.7]], [1], "NaN"),
+        ([[0.3, 0.7], [0.6, 0.4]], [1], r"Mismatch in the number of predictions \(2\) and references \(1\)"),
+    ],
+    ids=["label-out-of-range", "row-sum", "ragged-rows", "nan", "length-mismatch"],
+)
+def test_bad_input_gives_a_clear_value_error(name, predictions, references, message):
+    with pytest.raises(ValueError, match=message):
+        load(name, will_fail=True).compute(predictions=predictions, references=references)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"), [("ece", {"n_bins": 0}), ("ece", {"norm": "l3"}), ("calibration", {"n_bins": 1.5})]
+)
+def test_bad_kwargs_give_a_clear_value_error(name, kwargs):
+    with pytest.raises(ValueError, match="n_bins must be|norm must be"):
+        load(name, will_fail=True).compute(predictions=[[0.3, 0.7]], references=[1], **kwargs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kwargs_description_examples_run(name):
+    result = run_doctests(load(name).inputs_description, f"{name}._KWARGS_DESCRIPTION")
+    assert result.attempted >= 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metric_card(name):
+    card = (MODULES_DIR / name / "README.md").read_text(encoding="utf-8")
+    front_matter = yaml.safe_load(re.match(r"---\n(.*?)\n---\n", card, re.S).group(1))
+    assert set(front_matter) >= {
+        "title", "emoji", "colorFrom", "colorTo", "sdk", "sdk_version", "app_file", "pinned", "tags", "description"
+    }
+    assert {"evaluate", "metric"} <= set(front_matter["tags"])
+    assert (MODULES_DIR / name / front_matter["app_file"]).is_file()
+    for section in ["Metric Description", "How to Use", "Inputs", "Output Values", "Examples",
+                    "Limitations and Bias", "Citation", "Further References"]:
+        assert re.search(rf"^#+ {section}$", card, re.M), f"{name}/README.md lacks '{section}'"
+    # The card's examples run as doctests (code fences blanked so they do not end an output).
+    result = run_doctests(re.sub(r"^```.*$", "", card, flags=re.M), f"{name}/README.md")
+    assert result.attempted >= 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_space_app_launches_the_widget_of_its_metric(name, monkeypatch):
+    launched = []
+    monkeypatch.setattr(evaluate.utils, "launch_gradio_widget", launched.append)
+    runpy.run_path(str(MODULES_DIR / name / "app.py"))
+    assert [metric.name for metric in launched] == [name]

@@ -1,0 +1,214 @@
+"""Reliability diagrams draw exactly the data of :class:`ReliabilityBins` and write valid PNGs."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import stat
+import struct
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from hf_calibrate import plotting  # noqa: E402
+from hf_calibrate.metrics import ReliabilityBins, reliability_bins  # noqa: E402
+from hf_calibrate.plotting import compare_reliability_diagrams, reliability_diagram  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def overconfident_bins(n_bins: int = 15, scale: float = 3.0) -> ReliabilityBins:
+    """Softmax of scaled noisy logits with a true signal: a typical over-confident model."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 10, (2000,), generator=generator)
+    logits = torch.randn(2000, 10, generator=generator)
+    logits[torch.arange(2000), labels] += 1.5
+    return reliability_bins(scale * logits, labels, n_bins=n_bins, from_logits=True)
+
+
+BINS = overconfident_bins()
+
+# Two classes: confidences 0.55, 0.6 (bin 5) and 0.95, 0.97 (bin 9) of 10; bins 0-4 and 6-8 are empty.
+SPARSE_PROBS = torch.tensor([[0.55, 0.45], [0.95, 0.05], [0.03, 0.97], [0.6, 0.4]], dtype=torch.float64)
+SPARSE_LABELS = torch.tensor([0, 1, 1, 0])
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def bars(ax, label: str):
+    """The rectangles of the bar container drawn with ``label`` (empty when none was drawn)."""
+    containers = [c for c in ax.containers if c.get_label() == label]
+    assert len(containers) <= 1
+    return list(containers[0]) if containers else []
+
+
+def test_writes_a_valid_png_atomically(tmp_path):
+    path = tmp_path / "reliability.png"
+    figure = reliability_diagram(BINS, title="over-confident", path=path)
+    width, height = png_size(path)
+    expected = [round(inches * plotting.DPI) for inches in plotting.PANEL_SIZE]
+    assert (width, height) == tuple(expected) and 300 < width < 2000
+    assert path.stat().st_size > 10_000  # a drawn figure, not a blank canvas
+    assert isinstance(figure, Figure) and isinstance(figure.canvas, FigureCanvasAgg)
+    assert [p.name for p in tmp_path.iterdir()] == ["reliability.png"]  # no temporary file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # like any open()-written file, not 0600
+
+
+def test_a_failed_write_leaves_the_old_file_untouched(tmp_path, monkeypatch):
+    path = tmp_path / "reliability.png"
+    path.write_bytes(b"previous")
+
+    def broken_savefig(self, stream, **kwargs):
+        stream.write(b"half a png")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", broken_savefig)
+    with pytest.raises(OSError, match="disk full"):
+        reliability_diagram(BINS, path=path)
+    assert path.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["reliability.png"]
+
+
+def test_bars_are_the_bins_accuracy_and_the_gaps_reach_mean_confidence():
+    bins = BINS
+    ax, count_ax = reliability_diagram(bins).axes
+    filled = bins.counts > 0
+    accuracy_bars = bars(ax, "accuracy")
+    np.testing.assert_allclose([b.get_height() for b in accuracy_bars], bins.accuracy[filled])
+    np.testing.assert_allclose([b.get_x() for b in accuracy_bars], bins.edges[:-1][filled])
+    np.testing.assert_allclose([b.get_width() for b in accuracy_bars], np.diff(bins.edges)[filled])
+
+    over = bars(ax, "gap, over-confident")
+    assert len(over) > len(bars(ax, "gap, under-confident"))  # scaled logits: mostly over-confident
+    gaps = {round(b.get_x(), 9): (b.get_y(), b.get_y() + b.get_height()) for b in over}
+    lefts, accuracies, confidences = bins.edges[:-1][filled], bins.accuracy[filled], bins.mean_confidence[filled]
+    for left, accuracy, confidence in zip(lefts, accuracies, confidences):
+        if confidence > accuracy:
+            assert gaps[round(left, 9)] == pytest.approx((accuracy, confidence))
+
+    np.testing.assert_allclose([b.get_height() for b in bars(count_ax, "samples")], bins.counts[filled])
+    assert count_ax.get_yscale() == "log"
+
+
+def test_over_and_under_confidence_are_drawn_distinguishably():
+    # Bin 0 is under-confident (accuracy 0.4 > confidence 0.3), bin 1 over-confident (0.6 < 0.9).
+    bins = ReliabilityBins(
+        edges=np.array([0.0, 0.5, 1.0]), counts=np.array([10, 10]),
+        mean_confidence=np.array([0.3, 0.9]), accuracy=np.array([0.4, 0.6]), ece=0.2,
+    )
+    ax = reliability_diagram(bins).axes[0]
+    [under], [over] = bars(ax, "gap, under-confident"), bars(ax, "gap, over-confident")
+    assert (under.get_x(), under.get_y(), under.get_y() + under.get_height()) == pytest.approx((0.0, 0.3, 0.4))
+    assert (over.get_x(), over.get_y(), over.get_y() + over.get_height()) == pytest.approx((0.5, 0.6, 0.9))
+    accuracy_face = bars(ax, "accuracy")[0].get_facecolor()
+    assert len({under.get_facecolor(), over.get_facecolor(), accuracy_face}) == 3
+    assert under.get_hatch() != over.get_hatch()
+
+
+def test_empty_bins_draw_nothing():
+    bins = reliability_bins(SPARSE_PROBS, SPARSE_LABELS, n_bins=10)
+    assert bins.counts.tolist() == [0, 0, 0, 0, 0, 2, 0, 0, 0, 2]
+    ax, count_ax = reliability_diagram(bins).axes
+    accuracy_bars = bars(ax, "accuracy")
+    assert [round(b.get_x(), 9) for b in accuracy_bars] == [0.5, 0.9]
+    assert [b.get_height() for b in accuracy_bars] == [1.0, 0.5]
+    gaps = bars(ax, "gap, over-confident") + bars(ax, "gap, under-confident")
+    assert sorted(round(b.get_x(), 9) for b in gaps) == [0.5, 0.9]
+    assert [b.get_height() for b in bars(count_ax, "samples")] == [2, 2]
+
+
+def test_title_carries_the_ece():
+    ax = reliability_diagram(BINS, title="ViT-S/16, CIFAR-10").axes[0]
+    assert ax.get_title() == f"ViT-S/16, CIFAR-10\nECE = {BINS.ece:.2%}"
+    other = overconfident_bins(scale=1.0)
+    assert reliability_diagram(other).axes[0].get_title() == f"ECE = {other.ece:.2%}" != f"ECE = {BINS.ece:.2%}"
+
+
+def test_probs_and_labels_are_binned_like_reliability_bins():
+    ax = reliability_diagram(probs=SPARSE_PROBS, labels=SPARSE_LABELS, n_bins=10).axes[0]
+    expected = reliability_bins(SPARSE_PROBS, SPARSE_LABELS, n_bins=10)
+    assert ax.get_title() == f"ECE = {expected.ece:.2%}"
+    assert [b.get_height() for b in bars(ax, "accuracy")] == expected.accuracy[expected.counts > 0].tolist()
+
+
+def test_draws_into_the_callers_axes():
+    figure = Figure()
+    ax, count_ax = figure.subplots(2, 1)
+    assert reliability_diagram(BINS, ax=ax, count_ax=count_ax) is figure
+    assert len(bars(ax, "accuracy")) == len(bars(count_ax, "samples")) == int((BINS.counts > 0).sum())
+
+    lone = Figure().subplots()
+    reliability_diagram(BINS, ax=lone)
+    assert len(lone.figure.axes) == 1 and lone.get_legend() is not None
+
+
+def test_compare_draws_one_column_per_entry(tmp_path):
+    path = tmp_path / "compare.png"
+    panels = {
+        "uncalibrated": BINS,
+        "temperature": overconfident_bins(scale=1.0),
+        "sparse": reliability_bins(SPARSE_PROBS, SPARSE_LABELS, n_bins=10),
+    }
+    figure = compare_reliability_diagrams(panels, title="calibration", path=path)
+    reliability_axes = figure.axes[0::2]
+    assert [ax.get_title() for ax in reliability_axes] == [f"{name}\nECE = {b.ece:.2%}" for name, b in panels.items()]
+    for ax, b in zip(reliability_axes, panels.values()):
+        assert [bar.get_height() for bar in bars(ax, "accuracy")] == pytest.approx(b.accuracy[b.counts > 0].tolist())
+    assert len(figure.legends) == 1 and figure.get_suptitle() == "calibration"
+    width, height = png_size(path)
+    single = [round(inches * plotting.DPI) for inches in plotting.PANEL_SIZE]
+    assert (width, height) == (3 * single[0], single[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "either bins or probs"),
+        ({"bins": BINS, "probs": SPARSE_PROBS, "labels": SPARSE_LABELS}, "either bins or probs"),
+        ({"probs": SPARSE_PROBS}, "probs needs labels"),
+        ({"bins": BINS, "labels": SPARSE_LABELS}, "labels are only used with probs"),
+        ({"bins": BINS.accuracy}, "must be a ReliabilityBins"),
+        ({"probs": SPARSE_PROBS / 2, "labels": SPARSE_LABELS}, "sum to 1"),
+        ({"probs": SPARSE_PROBS, "labels": SPARSE_LABELS, "n_bins": 0}, "n_bins must be"),
+        ({"probs": SPARSE_PROBS, "labels": SPARSE_LABELS, "count_ax": object()}, "count_ax is only used together"),
+    ],
+)
+def test_invalid_input_raises_value_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        reliability_diagram(**kwargs)
+
+
+def test_inconsistent_bins_raise_value_error():
+    truncated = ReliabilityBins(BINS.edges, BINS.counts, BINS.mean_confidence[:-1], BINS.accuracy, BINS.ece)
+    with pytest.raises(ValueError, match="inconsistent"):
+        reliability_diagram(truncated)
+    empty = ReliabilityBins(BINS.edges, 0 * BINS.counts, BINS.mean_confidence, BINS.accuracy, BINS.ece)
+    with pytest.raises(ValueError, match="every bin is empty"):
+        reliability_diagram(empty)
+    with pytest.raises(ValueError, match="non-empty mapping"):
+        compare_reliability_diagrams({})
+    with pytest.raises(ValueError, match=r"diagrams\['b'\] must be a ReliabilityBins"):
+        compare_reliability_diagrams({"a": BINS, "b": BINS.accuracy})
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"pip install 'hf-calibrate\[plot\]'"):
+        reliability_diagram(BINS)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(plotting, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 6 and result.failed == 0
