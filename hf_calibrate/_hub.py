@@ -1,4 +1,5 @@
-"""Hub plumbing, kept out of the model code: resolve a repo id to a local folder, push a folder.
+"""Hub plumbing, kept out of the model code: resolve a repo id to a local folder, push a folder,
+push new evaluation results into a repo's model card.
 
 Everything goes through the real ``huggingface_hub`` client, so offline mode
 (``HF_HUB_OFFLINE=1``), caching, revisions and tokens behave as for any hub model.
@@ -6,14 +7,22 @@ Everything goes through the real ``huggingface_hub`` client, so offline mode
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub import HfApi, ModelCard, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
-from .serialization import CARD_FILE, CARD_MARKER, ArtifactError
+from . import cards
+from .serialization import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError
 
 # Files a calibrated repo needs; others (e.g. a user's notebooks) are not downloaded.
 _ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "README.md", "*.png", "base/*"]
@@ -41,8 +50,23 @@ def resolve_folder(
                 )
             )
         except (RepositoryNotFoundError, RevisionNotFoundError) as error:
-            raise ArtifactError(f"could not find {name_or_path!r}{f' at revision {revision}' if revision else ''} "
-                                f"on the hub or as a local folder: {type(error).__name__}.") from None
+            at = f" at revision {revision!r}" if revision else ""
+            raise ArtifactError(
+                f"could not find {str(name_or_path)!r}{at} on the hub or as a local folder ({type(error).__name__}); "
+                "check the repo id (namespace/name) and the revision, and pass token=... for a private or gated repo."
+            ) from None
+        except LocalEntryNotFoundError as error:
+            at = f" at revision {revision!r}" if revision else ""
+            raise ArtifactError(
+                f"{str(name_or_path)!r} is not a local folder, is not in the local hub cache{at}, and could not be "
+                f"downloaded ({error}). Download it once while online (without HF_HUB_OFFLINE=1 or "
+                "local_files_only=True), or pass the path of a saved folder."
+            ) from None
+        except HFValidationError:
+            raise ArtifactError(
+                f"{str(name_or_path)!r} is neither an existing local folder nor a valid hub repo id "
+                "('namespace/name'); check the path."
+            ) from None
     return root / subfolder if subfolder else root
 
 
@@ -75,7 +99,71 @@ def push_folder(
     if revision is not None:
         api.create_branch(repo_id, branch=revision, exist_ok=True)
     ignore = [CARD_FILE] if not overwrite_card and remote_card_is_users(api, repo_id, revision, token) else None
+    # Files only hf_calibrate writes, left over from an earlier push, go in the same commit (e.g.
+    # the base weights after a switch to a reference-only push, which would otherwise still load
+    # through timm's "hf-hub:" or subfolder="base"). Files uploaded now are never deleted.
     return api.upload_folder(
         repo_id=repo_id, folder_path=str(folder), revision=revision,
         commit_message=commit_message or "Upload calibrated model (hf_calibrate)", ignore_patterns=ignore,
+        delete_patterns=[f"{BASE_FOLDER}/**", "model.safetensors", cards.DIAGRAM_FILE],
     )
+
+
+def push_evaluation_results(
+    repo_id: str,
+    evaluation: Dict[str, Any],
+    *,
+    token: Optional[str | bool] = None,
+    revision: Optional[str] = None,
+    commit_message: Optional[str] = None,
+) -> Any:
+    """Replace the ``model-index`` results of ``repo_id``'s model card with ``evaluation``; one commit.
+
+    Args:
+        repo_id: a hub repo holding a calibration (its README.md is read and rewritten).
+        evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split).
+        token, revision: as for any hub call; ``revision`` is the branch read and written.
+        commit_message: default "Update evaluation results (hf_calibrate)".
+
+    The card's other metadata and its body are kept as they are (the body's results table
+    still shows the numbers it was generated with, and so does ``calibration_config.json``,
+    which is not touched). The commit is made on top of the commit
+    the card was read from, so a concurrent change to the repo makes it fail instead of
+    being overwritten. Returns the ``CommitInfo``.
+    """
+    if not evaluation or "calibrated" not in evaluation or "uncalibrated" not in evaluation:
+        raise ValueError("evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated').")
+    api = HfApi(token=token)
+    try:
+        head = api.model_info(repo_id, revision=revision).sha
+        path = api.hf_hub_download(repo_id, CARD_FILE, revision=head)
+    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
+        raise ArtifactError(
+            f"could not find {repo_id!r}{f' at revision {revision!r}' if revision else ''} on the hub "
+            f"({type(error).__name__}); push the model first (CalibratedModel.push_to_hub) or check the repo id."
+        ) from None
+    except EntryNotFoundError:
+        raise ArtifactError(
+            f"{repo_id!r} has no {CARD_FILE} to add results to; push the model with CalibratedModel.push_to_hub first."
+        ) from None
+    card = ModelCard.load(path)
+    task = card.data.pipeline_tag or _recorded_task(api, repo_id, head)
+    card.data.eval_results = cards.eval_results(evaluation, task)
+    if not card.data.model_name:
+        card.data.model_name = repo_id.split("/")[-1]
+    return api.upload_file(
+        path_or_fileobj=str(card).encode("utf-8"), path_in_repo=CARD_FILE, repo_id=repo_id, revision=revision,
+        commit_message=commit_message or "Update evaluation results (hf_calibrate)", parent_commit=head,
+    )
+
+
+def _recorded_task(api: HfApi, repo_id: str, revision: str) -> str:
+    """The base task recorded in the repo's calibration_config.json."""
+    try:
+        path = api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision)
+    except EntryNotFoundError:
+        raise ArtifactError(
+            f"{repo_id!r} has neither a pipeline_tag in its {CARD_FILE} nor a {CALIBRATION_CONFIG}; "
+            "it is not an hf_calibrate calibration."
+        ) from None
+    return json.loads(Path(path).read_text(encoding="utf-8"))["base_model"]["task"]

@@ -80,14 +80,28 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def eval_results(record: Dict[str, Any]) -> List[EvalResult]:
-    """The ``model-index`` entries: every card metric before and after calibration."""
-    evaluation = record.get("evaluation")
+def _fmt_option(value: Any) -> str:
+    """A hyper-parameter exactly as set (``_fmt`` would show lr=1e-5 as 0.0000)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt_option(item) for item in value) + "]"
+    return str(value)
+
+
+def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalResult]:
+    """The ``model-index`` entries: every card metric before and after calibration.
+
+    Args:
+        evaluation: a :meth:`CalibratedModel.evaluate` result, or the ``evaluation`` entry of a
+            calibration record (same keys: ``uncalibrated``/``calibrated`` metric dicts,
+            ``dataset``, optionally ``split`` and ``dataset_id``). None or empty: no entries.
+        task: the hub task type, e.g. ``"image-classification"``.
+    """
     if not evaluation:
         return []
-    task = record["base_model"]["task"]
     results = []
-    for side, label in (("uncalibrated", "uncalibrated"), ("calibrated", "calibrated")):
+    for side in ("uncalibrated", "calibrated"):
         for key, metric_type, name in CARD_METRICS:
             if key not in evaluation[side]:
                 continue
@@ -97,7 +111,7 @@ def eval_results(record: Dict[str, Any]) -> List[EvalResult]:
                     dataset_type=evaluation.get("dataset_id") or evaluation["dataset"],
                     dataset_name=evaluation["dataset"], dataset_split=evaluation.get("split"),
                     metric_type=metric_type, metric_value=float(evaluation[side][key]),
-                    metric_name=f"{name} ({label})", metric_config=label,
+                    metric_name=f"{name} ({side})", metric_config=side,
                 )
             )
     return results
@@ -157,7 +171,7 @@ def render_card(
         library_name="hf_calibrate",
         pipeline_tag=_PIPELINE_TAGS.get(base["task"]),
         tags=["calibration", "hf_calibrate", method.replace("_", "-"), base["library"]],
-        eval_results=eval_results(record) or None,
+        eval_results=eval_results(evaluation, base["task"]) or None,
     )
     results = [
         {"name": display, "before": _fmt(evaluation["uncalibrated"][key]), "after": _fmt(evaluation["calibrated"][key])}
@@ -188,7 +202,7 @@ def render_card(
         changes_predictions=method not in ("temperature",),
         method_title=info["title"],
         method_description=info["text"],
-        hyperparameters=sorted((key, _fmt(value)) for key, value in (record.get("options") or {}).items()),
+        hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
         fit=record["fit"],
         results=results,

@@ -166,10 +166,16 @@ class CalibratedModel(PreTrainedModel):
         labels = kwargs.pop("labels", None)
         inputs, positional = self.backbone.parse_call(args, kwargs)
         self._check_device(inputs)
-        logits, raw_output = self.backbone.forward(inputs, self.calibrator.input_perturbation)
-        calibrated = self.calibrator(logits)
+        calibrated, raw_output = self._calibrated_forward(inputs)
         loss = F.cross_entropy(calibrated.float(), labels.to(calibrated.device)) if labels is not None else None
         return self.backbone.wrap_output(calibrated, raw_output, positional, loss)
+
+    def _calibrated_forward(self, inputs: Dict[str, Any]):
+        """(calibrated logits, the base's raw output): δ added, head replaced, then the logit map."""
+        head = self.calibrator.head
+        with self.backbone.head_replaced(head) if head is not None else contextlib.nullcontext():
+            logits, raw_output = self.backbone.forward(inputs, self.calibrator.input_perturbation)
+        return self.calibrator(logits), raw_output
 
     def _check_device(self, inputs: Dict[str, Any]) -> None:
         main = inputs.get(self.backbone.input_key)
@@ -181,7 +187,16 @@ class CalibratedModel(PreTrainedModel):
 
     # -------------------------------------------------- fitting
     @classmethod
-    def fit(cls, model: nn.Module, calibration_data: Any, *, method: str = "neural_clamping", **options: Any) -> "CalibratedModel":
+    def fit(
+        cls,
+        model: nn.Module,
+        calibration_data: Any,
+        *,
+        method: str = "neural_clamping",
+        validation_data: Any = None,
+        temperature_data: Any = None,
+        **options: Any,
+    ) -> "CalibratedModel":
         """Fit a calibration of ``model`` on held-out labelled ``calibration_data``.
 
         Args:
@@ -190,9 +205,15 @@ class CalibratedModel(PreTrainedModel):
                 off, eval mode) and moved to the fit's device; it is not copied. If the fit
                 fails, its flags and mode are restored.
             calibration_data: a ``DataLoader`` (of a map-style dataset), a torch ``Dataset``
-                or a ``datasets.Dataset`` (see :mod:`hf_calibrate.data`).
+                or a ``datasets.Dataset`` (see :mod:`hf_calibrate.data`). For the head methods
+                this is the data the new head is trained on (the papers use the training split).
             method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``,
-                ``"matrix"``, ``"dirichlet"``, ``"histogram"`` or ``"isotonic"``.
+                ``"matrix"``, ``"dirichlet"``, ``"histogram"``, ``"isotonic"``, or the head
+                methods ``"tst"``, ``"vtst"``, ``"mac_cal"``.
+            validation_data: the selection split of Neural Clamping and the head methods
+                (default: they hold out ``holdout_fraction`` of ``calibration_data``).
+            temperature_data: where head methods fit their optional temperature
+                (``temperature=True``; default: the validation data).
             **options: the method's options (e.g. ``NeuralClamping.Options``) and the options
                 of every fit (:class:`hf_calibrate.fitting.EngineOptions`: ``batch_size``,
                 ``seed``, ``progress``, ``mixed_precision``, ``preprocessor``, ...).
@@ -205,8 +226,12 @@ class CalibratedModel(PreTrainedModel):
         backbone = adapt(model)
         with frozen(model):
             model.to(engine.device)
-            data = prepare_data(calibration_data, backbone, **engine_options.data_options())
-            calibrator, summary = fit_calibrator(backbone, data, method, method_options, engine)
+            prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_options.data_options())  # noqa: E731
+            data = prepare(calibration_data)
+            calibrator, summary = fit_calibrator(
+                backbone, data, method, method_options, engine,
+                validation=prepare(validation_data), temperature_data=prepare(temperature_data),
+            )
         calibrator.is_fitted = True
         config = CalibratedConfig(
             base_library=backbone.library,
@@ -254,16 +279,17 @@ class CalibratedModel(PreTrainedModel):
         self.to(engine.device)
         uncalibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
         calibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
-        delta = self.calibrator.input_perturbation
+        logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
         batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
         with engine.progress(len(batches), "evaluating") as bar:
             for _, micro_batches in engine.batches(prepared, batches):
                 for _, inputs, labels in micro_batches:
                     with engine.autocast():
                         base_logits = self.backbone.logits(inputs).float()
-                        calibrated_logits = self.calibrator(
-                            base_logits if delta is None else self.backbone.logits(inputs, delta).float()
-                        ).float()
+                        if logit_space:
+                            calibrated_logits = self.calibrator(base_logits).float()
+                        else:
+                            calibrated_logits = self._calibrated_forward(inputs)[0].float()
                     engine.check_labels(labels, self.calibrator.num_classes)
                     uncalibrated.update(base_logits, labels, from_logits=True)
                     calibrated.update(calibrated_logits, labels, from_logits=True)

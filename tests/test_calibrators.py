@@ -201,7 +201,9 @@ def test_unknown_methods_and_options_are_named():
         parse_options(HistogramBinning.Options, {"n_bin": 5}, "histogram")
     with pytest.raises(ValueError, match="mode must be one of"):
         HistogramBinning(3, mode="per_class")
-    assert set(CALIBRATORS) == {"temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "neural_clamping"}
+    assert set(CALIBRATORS) == {
+        "temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "neural_clamping", "tst", "vtst", "mac_cal",
+    }
 
 
 @pytest.mark.parametrize(

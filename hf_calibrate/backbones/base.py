@@ -10,8 +10,9 @@ An adapter wraps a frozen base model and knows
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -90,6 +91,28 @@ class Backbone(ABC):
                 f"with {num_classes} outputs. Head-retraining methods need a linear classifier head."
             )
         return final
+
+    @contextlib.contextmanager
+    def head_replaced(self, head: nn.Module) -> Iterator[None]:
+        """Within the block, the base's classifier layer outputs ``head(its input)``.
+
+        A forward hook swaps the output, so every model runs unchanged up to its classifier.
+        """
+        handle = self.final_layer().register_forward_hook(lambda module, args, output: head(args[0]))
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def features_captured(self) -> Iterator[List[torch.Tensor]]:
+        """Within the block, each forward pass appends the classifier's input (N, d) to the list."""
+        captured: List[torch.Tensor] = []
+        handle = self.final_layer().register_forward_hook(lambda module, args, output: captured.append(args[0]))
+        try:
+            yield captured
+        finally:
+            handle.remove()
 
     # ------------------------------------------------------------------ checks
     def check_logits(self, logits: Any) -> torch.Tensor:

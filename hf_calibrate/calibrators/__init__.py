@@ -9,6 +9,7 @@ from typing import Dict, Type
 
 from .base import Calibrator, options_to_dict, parse_options
 from .binning import HistogramBinning, IsotonicCalibration
+from .heads import HeadCalibrator, MaskedClassifierHead, TwoStageHead, VariationalTwoStageHead
 from .linear import DirichletCalibration, MatrixScaling, VectorScaling
 from .neural_clamping import NeuralClamping, focal_loss
 from .temperature import TemperatureScaling, fit_inverse_temperature
@@ -23,6 +24,9 @@ CALIBRATORS: Dict[str, Type[Calibrator]] = {
         HistogramBinning,
         IsotonicCalibration,
         NeuralClamping,
+        TwoStageHead,
+        VariationalTwoStageHead,
+        MaskedClassifierHead,
     )
 }
 
@@ -39,11 +43,15 @@ __all__ = [
     "CALIBRATORS",
     "Calibrator",
     "DirichletCalibration",
+    "HeadCalibrator",
     "HistogramBinning",
     "IsotonicCalibration",
+    "MaskedClassifierHead",
     "MatrixScaling",
     "NeuralClamping",
     "TemperatureScaling",
+    "TwoStageHead",
+    "VariationalTwoStageHead",
     "VectorScaling",
     "calibrator_class",
     "fit_inverse_temperature",

@@ -35,6 +35,8 @@ class Calibrator(nn.Module):
     preserves_argmax: ClassVar[bool] = False
     #: True when fitting needs forward passes through the base model (not just cached logits).
     needs_base_model: ClassVar[bool] = False
+    #: True when fitting trains a new head on the base's penultimate features.
+    needs_features: ClassVar[bool] = False
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -52,6 +54,11 @@ class Calibrator(nn.Module):
     @property
     def input_perturbation(self) -> Optional[torch.Tensor]:
         """δ added to the base model's input, or None for pure logit-space methods."""
+        return None
+
+    @property
+    def head(self) -> Optional[nn.Module]:
+        """A classifier head (features → logits) replacing the base's, or None."""
         return None
 
     def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:

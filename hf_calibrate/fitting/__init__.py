@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -10,6 +10,7 @@ from ..backbones import Backbone
 from ..calibrators import Calibrator, calibrator_class
 from ..data import PreparedData
 from .engine import Engine, EngineOptions, steps_per_epoch
+from .heads import FeatureStore, collect_features, fit_head, head_facts
 from .neural_clamping import fit_neural_clamping, random_crop_flip_cutout
 
 
@@ -30,15 +31,32 @@ def probe(backbone: Backbone, data: PreparedData, engine: Engine) -> Tuple[int, 
 
 
 def fit_calibrator(
-    backbone: Backbone, data: PreparedData, method: str, method_options: Any, engine: Engine
+    backbone: Backbone,
+    data: PreparedData,
+    method: str,
+    method_options: Any,
+    engine: Engine,
+    *,
+    validation: Optional[PreparedData] = None,
+    temperature_data: Optional[PreparedData] = None,
 ) -> Tuple[Calibrator, Dict[str, Any]]:
-    """Fit the calibrator of ``method`` on ``data`` through the frozen ``backbone``."""
+    """Fit the calibrator of ``method`` on ``data`` through the frozen ``backbone``.
+
+    ``validation`` is the selection split of Neural Clamping and of the head methods (when
+    absent they hold out part of ``data``); ``temperature_data`` is where head methods fit
+    their optional temperature.
+    """
     cls = calibrator_class(method)
     num_classes, delta_shape = probe(backbone, data, engine)
-    calibrator = cls.create(num_classes, method_options, delta_shape=delta_shape, delta_space=backbone.delta_space)
+    facts = {"delta_shape": delta_shape, "delta_space": backbone.delta_space}
+    if cls.needs_features:
+        facts.update(head_facts(backbone))
+    calibrator = cls.create(num_classes, method_options, **facts)
     calibrator.to(engine.device)
-    if cls.needs_base_model:
-        summary = fit_neural_clamping(backbone, data, calibrator, method_options, engine)
+    if cls.needs_features:
+        summary = fit_head(backbone, data, validation, calibrator, method_options, engine, temperature_data)
+    elif cls.needs_base_model:
+        summary = fit_neural_clamping(backbone, data, calibrator, method_options, engine, validation)
     else:
         indices = torch.arange(len(data))
         logits, labels = engine.collect_logits(backbone, data, indices)
@@ -48,4 +66,15 @@ def fit_calibrator(
     return calibrator, summary
 
 
-__all__ = ["Engine", "EngineOptions", "fit_calibrator", "fit_neural_clamping", "probe", "random_crop_flip_cutout", "steps_per_epoch"]
+__all__ = [
+    "Engine",
+    "EngineOptions",
+    "FeatureStore",
+    "collect_features",
+    "fit_calibrator",
+    "fit_head",
+    "fit_neural_clamping",
+    "probe",
+    "random_crop_flip_cutout",
+    "steps_per_epoch",
+]

@@ -126,9 +126,16 @@ class Engine:
         return permutation[holdout:].sort().values, permutation[:holdout].sort().values
 
     def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0) -> List[torch.Tensor]:
+        """Batches of ``batch_size`` indices (seeded shuffle); a last batch smaller than the
+        number of processes joins the one before, so every process gets part of every batch."""
+        if len(indices) < self.world:
+            raise ValueError(f"{len(indices)} samples cannot be shared by {self.world} processes; use more data.")
         if shuffle:
             indices = indices[torch.randperm(len(indices), generator=self.generator(epoch, 0xBA7C4))]
-        return list(indices.split(self.options.batch_size))
+        batches = list(indices.split(self.options.batch_size))
+        if len(batches) > 1 and len(batches[-1]) < self.world:
+            batches[-2:] = [torch.cat(batches[-2:])]
+        return batches
 
     def local_micro_batches(self, global_batch: torch.Tensor) -> List[List[int]]:
         """This process's strided share of a global batch, cut into micro-batches."""
@@ -169,6 +176,35 @@ class Engine:
 
     # ------------------------------------------------------------------ passes
     @torch.no_grad()
+    def stream(
+        self,
+        data: PreparedData,
+        indices: torch.Tensor,
+        compute: Callable[[Inputs], torch.Tensor],
+        *,
+        num_classes: Optional[int] = None,
+        description: str = "forward pass",
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(compute(inputs) rows, labels)`` per global batch, gathered from every process in index order.
+
+        ``compute`` runs under autocast and its output is cast to float32; labels are checked
+        against ``num_classes`` when given.
+        """
+        batches = self.global_batches(indices, shuffle=False)
+        with self.progress(len(batches), description) as bar:
+            for number, micro_batches in self.batches(data, batches):
+                positions, outputs, targets = [], [], []
+                for micro, inputs, labels in micro_batches:
+                    with self.autocast():
+                        rows = compute(inputs).float()
+                    if num_classes is not None:
+                        self.check_labels(labels, num_classes)
+                    positions.append(torch.as_tensor(micro, device=self.device))
+                    outputs.append(rows)
+                    targets.append(labels)
+                yield self.gather_in_order(*self._local(positions, outputs, targets), count=len(batches[number]))
+                bar.update(1)
+
     def collect_logits(
         self,
         backbone: Backbone,
@@ -179,28 +215,16 @@ class Engine:
         description: str = "computing logits",
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process."""
-        batches = self.global_batches(indices, shuffle=False)
-        positions, outputs, targets = [], [], []
-        with self.progress(len(batches), description) as bar:
-            last = -1
-            for number, micro, inputs, labels in self.iterate(data, batches):
-                with self.autocast():
-                    logits = backbone.logits(inputs, delta)
-                self.check_labels(labels, logits.shape[1])
-                positions.append(torch.as_tensor(micro, device=self.device))
-                outputs.append(logits.float())
-                targets.append(labels)
-                bar.update(number - last)
-                last = number
-        local = self._cat(positions, outputs, targets, backbone)
-        return self.gather_in_order(*local, count=len(indices))
+        parts = list(self.stream(data, indices, lambda inputs: backbone.logits(inputs, delta), description=description))
+        logits = torch.cat([part[0] for part in parts])
+        labels = torch.cat([part[1] for part in parts])
+        self.check_labels(labels, logits.shape[1])
+        return logits, labels
 
-    def _cat(self, positions, outputs, targets, backbone: Backbone):
+    def _local(self, positions, outputs, targets):
         if outputs:
             return torch.cat(positions), torch.cat(outputs), torch.cat(targets)
-        classes = backbone.num_classes or 0
-        empty_long = torch.zeros(0, dtype=torch.long, device=self.device)
-        return empty_long, torch.zeros(0, classes, device=self.device), empty_long.clone()
+        raise RuntimeError("a process received no samples of a global batch; use a batch_size of at least the number of processes.")
 
     def gather_in_order(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
         """Gather per-sample rows from every process and sort them by dataset index."""

@@ -78,22 +78,35 @@ class _Snapshot:
 
 
 def fit_neural_clamping(
-    backbone: Backbone, data: PreparedData, calibrator: NeuralClamping, options: Any, engine: Engine
+    backbone: Backbone,
+    data: PreparedData,
+    calibrator: NeuralClamping,
+    options: Any,
+    engine: Engine,
+    validation: Optional[PreparedData] = None,
 ) -> Dict[str, Any]:
-    """Fit ``calibrator`` (δ, log T) in place; return the fit summary with its history."""
+    """Fit ``calibrator`` (δ, log T) in place; return the fit summary with its history.
+
+    The selection split is ``validation`` when given (all of ``data`` is then fitted on),
+    else a ``holdout_fraction`` share of ``data``.
+    """
     if options.augment and backbone.modality != "image":
         raise ValueError(f"augment=True applies to images; this {backbone.modality} model takes {backbone.delta_space}.")
     grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
     if len(grid) > 1 and options.holdout_fraction == 0:
         raise ValueError("selecting among several gamma/delta_weight values needs holdout_fraction > 0.")
     device = engine.device
-    fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
+    if validation is None:
+        fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
+        validation = data
+    else:
+        fit_indices, holdout_indices = torch.arange(len(data)), torch.arange(len(validation))
     fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
     start_log_t = torch.tensor(-math.log(beta), device=device)
     has_holdout = len(holdout_indices) > 0
     if has_holdout:
-        holdout_logits, holdout_labels = engine.collect_logits(backbone, data, holdout_indices, description="base logits (held-out part)")
+        holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, holdout_indices, description="base logits (held-out part)")
         baseline = _score(holdout_logits * beta, holdout_labels, options.select_metric, options.n_bins)
     steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
     epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
@@ -114,7 +127,7 @@ def fit_neural_clamping(
                     "delta_norm": float(delta.detach().norm()), "temperature": float(log_t.detach().exp()),
                 }
                 if has_holdout and (epoch % eval_every == 0 or epoch == epochs):
-                    logits, labels = engine.collect_logits(backbone, data, holdout_indices, delta=delta.detach(), description="held-out check")
+                    logits, labels = engine.collect_logits(backbone, validation, holdout_indices, delta=delta.detach(), description="held-out check")
                     record[f"holdout_{options.select_metric}"] = _score(
                         logits * torch.exp(-log_t.detach()), labels, options.select_metric, options.n_bins
                     )

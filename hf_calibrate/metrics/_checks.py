@@ -16,8 +16,8 @@ import torch
 _ROW_SUM_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 _DEFAULT_ROW_SUM_TOLERANCE = 1e-3
 # Elements (rows × classes) processed at once by the chunked reductions: bounds the float64
-# working set (~16 MiB per temporary) whatever the number of classes, and keeps it cache-sized.
-CHUNK_ELEMENTS = 1 << 21
+# working set (2 MiB per float64 temporary) whatever the number of classes, and keeps it cache-sized.
+CHUNK_ELEMENTS = 1 << 18
 
 BINNINGS = ("equal_width", "equal_mass")
 NORMS = ("l1", "l2", "max")

@@ -3,7 +3,9 @@
 State (float64, on the device of the first batch):
     equal-width bin statistics (3, B), classwise statistics (3, C, B), Σ NLL, Σ Brier, and,
     only when ``adaptive=True``, the top-label confidence and correctness of each sample
-    (2 floats per sample, needed for equal-mass bins). Full probability rows are never kept.
+    (needed for equal-mass bins; kept at the input's precision — float32 for float32 and
+    narrower inputs — and as a bool: 5 bytes per sample, upcast exactly in ``compute``).
+    Full probability rows are never kept.
 
 Across processes (``torch.distributed``, which Accelerate and torchrun initialise), sums are
 all-reduced and the per-sample pairs gathered when :meth:`CalibrationMetrics.compute` runs;
@@ -36,7 +38,8 @@ class CalibrationMetrics:
     Args:
         num_classes: number of classes C.
         n_bins: number of bins B for every binned metric.
-        adaptive: also compute AdaECE (equal-mass bins), which keeps 2 floats per sample;
+        adaptive: also compute AdaECE (equal-mass bins), which keeps a confidence and a
+            correctness flag per sample (5 bytes for float32 inputs, 9 for float64);
             with ``False`` memory is O(B·C) whatever the number of samples.
 
     ``compute()`` returns a dict with ``accuracy``, ``ece`` (equal-width, l1), ``ada_ece``
@@ -100,8 +103,11 @@ class CalibrationMetrics:
         self._class_stats += classwise_statistics(probs, labels, self.n_bins)
         self._sums += torch.tensor(nll_and_brier_sums(probs, labels), dtype=torch.float64, device=probs.device)
         if self.adaptive:
-            self._confidences.append(confidences)
-            self._correct.append(correct)
+            # The float64 confidence is an upcast of an entry of probs: storing it at probs'
+            # precision (at least float32) and correctness as bool is lossless.
+            narrow = probs.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            self._confidences.append(confidences.float() if narrow else confidences)
+            self._correct.append(correct.bool())
 
     def _synced_state(self, sync: bool):
         no_samples = "no samples were added: call update() with at least one batch before compute()."
@@ -119,8 +125,8 @@ class CalibrationMetrics:
         confidences = correct = None
         if self.adaptive:
             empty = width.new_zeros(0)
-            confidences = torch.cat(self._confidences) if self._confidences else empty
-            correct = torch.cat(self._correct) if self._correct else empty
+            confidences = torch.cat(self._confidences).double() if self._confidences else empty
+            correct = torch.cat(self._correct).double() if self._correct else empty
         if distributed:
             for tensor in (width, classes, sums):
                 all_reduce_sum_(tensor)

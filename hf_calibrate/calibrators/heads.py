@@ -1,0 +1,279 @@
+"""Head-retraining calibrators: a new classifier head on the frozen backbone's features.
+
+The head replaces the base's classifier layer in the forward pass (its input is the
+penultimate feature vector, N × d); an optional temperature, fitted afterwards on a separate
+split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.heads`.
+
+* **TST** (Jordahn & Olmos, ICML 2024; arXiv 2405.01196): Linear(d→3Z) → ReLU →
+  Linear(3Z→Z) → Linear(Z→C), cross-entropy, Adam 1e-4, ~40 epochs, the epoch with the
+  lowest validation NLL is kept.
+* **V-TST**: the Z-layer is variational — μ and log σ² heads (log σ² = logsigmoid(·), so
+  σ² ≤ 1), prior N(0, I), z = μ + σ·ε, loss CE + KL/Z. Predictions average the softmax over
+  M samples. The M noise vectors ε_m ∈ R^Z are drawn once at fit time from the seed and
+  stored, so a sample's prediction does not depend on its batch and survives save/load;
+  ``prediction="mean"`` uses z = μ instead.
+* **MaC-Cal** (Ni, Zhao, Yang, Guo, 2025; arXiv 2508.09116) — a *documented reconstruction*:
+  only the abstract and one figure caption are public. A linear head initialised from the
+  base classifier is retrained with Bernoulli masks on its weights (retention rate r,
+  inverted scaling so inference uses the full weights); after each epoch a controller moves
+  r by the validation gap between mean confidence and accuracy (over-confident → lower r,
+  more stochastic sparsity; under-confident → higher r); early stopping on validation NLL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Calibrator
+
+PREDICTIONS = ("sample", "mean")
+
+
+@dataclasses.dataclass
+class HeadOptions:
+    """Options shared by the head-retraining methods.
+
+    Attributes:
+        epochs: passes over the cached training features (default 40).
+        lr: Adam learning rate (default 1e-4, the TST paper's).
+        head_batch_size: feature rows per Adam step (default 128).
+        weight_decay: Adam weight decay (default 0).
+        patience: stop after this many epochs without a better validation NLL (default None:
+            run every epoch; the best epoch is kept either way).
+        temperature: after training, fit a temperature on the head's logits over
+            ``temperature_data`` (or the validation data when none is given) (default False).
+        holdout_fraction: share of the training data held out for validation when no
+            ``validation_data`` is passed to ``fit`` (default 0.2).
+        feature_cache_dir: keep the cached features in safetensors shards in this folder
+            and stream them each epoch, for data larger than memory (default None: in memory).
+    """
+
+    epochs: int = 40
+    lr: float = 1e-4
+    head_batch_size: int = 128
+    weight_decay: float = 0.0
+    patience: Optional[int] = None
+    temperature: bool = False
+    holdout_fraction: float = 0.2
+    feature_cache_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "head_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}.")
+        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
+            raise ValueError(f"patience must be a positive integer or None, got {self.patience!r}.")
+        if not 0 <= self.holdout_fraction < 1:
+            raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
+
+
+class HeadCalibrator(Calibrator):
+    """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted)."""
+
+    needs_features = True
+
+    def __init__(self, num_classes: int, feature_dim: int) -> None:
+        super().__init__(num_classes)
+        self.feature_dim = int(feature_dim)
+        self.log_temperature = nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    @property
+    def head(self) -> nn.Module:
+        return self.head_module
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * torch.exp(-self.log_temperature).to(logits.dtype)
+
+    def training_loss(self, features: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Loss of one training batch (the head is in train mode)."""
+        return F.cross_entropy(self.head_module(features), labels)
+
+    def config(self) -> Dict[str, Any]:
+        return {"num_classes": self.num_classes, "feature_dim": self.feature_dim}
+
+
+class _TSTHead(nn.Module):
+    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(feature_dim, 3 * latent_dim)
+        self.latent = nn.Linear(3 * latent_dim, latent_dim)
+        self.classifier = nn.Linear(latent_dim, num_classes)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.latent(F.relu(self.hidden(features))))
+
+
+class TwoStageHead(HeadCalibrator):
+    """TST: Linear(d→3Z) → ReLU → Linear(3Z→Z) → Linear(Z→C) on frozen features."""
+
+    method = "tst"
+
+    @dataclasses.dataclass
+    class Options(HeadOptions):
+        """TST options (plus those of :class:`HeadOptions`).
+
+        Attributes:
+            latent_dim: Z, the width of the last hidden layer (default 128; our default,
+                the paper tunes it per dataset).
+        """
+
+        latent_dim: int = 128
+
+    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128) -> None:
+        super().__init__(num_classes, feature_dim)
+        self.latent_dim = int(latent_dim)
+        self.head_module = _TSTHead(feature_dim, latent_dim, num_classes)
+
+    @classmethod
+    def create(cls, num_classes: int, options: Any, **facts: Any) -> "TwoStageHead":
+        return cls(num_classes, facts["feature_dim"], latent_dim=options.latent_dim)
+
+    def config(self) -> Dict[str, Any]:
+        return {**super().config(), "latent_dim": self.latent_dim}
+
+
+class _VariationalHead(nn.Module):
+    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int, samples: int, prediction: str) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(feature_dim, 3 * latent_dim)
+        self.mean = nn.Linear(3 * latent_dim, latent_dim)
+        self.log_variance = nn.Linear(3 * latent_dim, latent_dim)
+        self.classifier = nn.Linear(latent_dim, num_classes)
+        self.prediction = prediction
+        self.register_buffer("noise", torch.zeros(samples, latent_dim))
+
+    def encode(self, features: torch.Tensor):
+        hidden = F.relu(self.hidden(features))
+        return self.mean(hidden), F.logsigmoid(self.log_variance(hidden))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Log of the predictive probabilities (mean softmax over the stored noise samples)."""
+        mean, log_variance = self.encode(features)
+        if self.prediction == "mean":
+            return self.classifier(mean)
+        z = mean[None] + (0.5 * log_variance).exp()[None] * self.noise[:, None, :].to(mean.dtype)
+        log_probs = F.log_softmax(self.classifier(z), dim=-1)  # (M, N, C)
+        return torch.logsumexp(log_probs, dim=0) - math.log(self.noise.shape[0])
+
+
+class VariationalTwoStageHead(HeadCalibrator):
+    """V-TST: TST with a variational Z-layer; predictions average M softmax samples."""
+
+    method = "vtst"
+
+    @dataclasses.dataclass
+    class Options(HeadOptions):
+        """V-TST options (plus those of :class:`HeadOptions`).
+
+        Attributes:
+            latent_dim: Z (default 128).
+            samples: M, Monte-Carlo samples averaged at prediction time (default 10).
+            prediction: ``"sample"`` (default; average over the M stored noise draws) or
+                ``"mean"`` (deterministic, z = μ).
+        """
+
+        latent_dim: int = 128
+        samples: int = 10
+        prediction: str = "sample"
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.prediction not in PREDICTIONS:
+                raise ValueError(f"prediction must be one of {PREDICTIONS}, got {self.prediction!r}.")
+            if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+                raise ValueError(f"samples must be a positive integer, got {self.samples!r}.")
+
+    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample") -> None:
+        super().__init__(num_classes, feature_dim)
+        self.latent_dim, self.samples, self.prediction = int(latent_dim), int(samples), prediction
+        self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction)
+
+    @classmethod
+    def create(cls, num_classes: int, options: Any, **facts: Any) -> "VariationalTwoStageHead":
+        return cls(num_classes, facts["feature_dim"], options.latent_dim, options.samples, options.prediction)
+
+    def config(self) -> Dict[str, Any]:
+        return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction}
+
+    def draw_noise(self, generator: torch.Generator) -> None:
+        """Fix the M noise vectors used at prediction time."""
+        with torch.no_grad():
+            noise = torch.randn(self.samples, self.latent_dim, generator=generator)
+            self.head_module.noise.copy_(noise.to(self.head_module.noise.device))
+
+    def training_loss(self, features: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        head = self.head_module
+        mean, log_variance = head.encode(features)
+        noise = torch.randn(mean.shape, generator=generator).to(mean.device)
+        z = mean + (0.5 * log_variance).exp() * noise
+        kl = 0.5 * (mean.square() + log_variance.exp() - log_variance - 1).sum(dim=1).mean()
+        return F.cross_entropy(head.classifier(z), labels) + kl / self.latent_dim
+
+
+class _MaskedLinear(nn.Linear):
+    """A linear layer whose weights are multiplied by a Bernoulli(r) mask / r while training."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features)
+        self.retention = 1.0
+        self.generator: Optional[torch.Generator] = None
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.retention >= 1.0:
+            return super().forward(features)
+        keep = torch.rand(self.weight.shape, generator=self.generator).to(self.weight.device) < self.retention
+        return F.linear(features, self.weight * keep / self.retention, self.bias)
+
+
+class MaskedClassifierHead(HeadCalibrator):
+    """MaC-Cal (reconstruction): masked retraining of a linear head with an adaptive retention rate."""
+
+    method = "mac_cal"
+
+    @dataclasses.dataclass
+    class Options(HeadOptions):
+        """MaC-Cal options (plus those of :class:`HeadOptions`).
+
+        Attributes:
+            lr: Adam learning rate (default 1e-3).
+            epochs: default 30.
+            initial_retention: r at the start (default 0.9).
+            min_retention: lower bound of r (default 0.3).
+            controller_gain: η in r ← clip(r − η·(mean confidence − accuracy), min, 1) after each
+                epoch, on the validation split (default 2.0).
+            init_from_base: start from the base classifier's weights (default True).
+        """
+
+        lr: float = 1e-3
+        epochs: int = 30
+        initial_retention: float = 0.9
+        min_retention: float = 0.3
+        controller_gain: float = 2.0
+        init_from_base: bool = True
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if not 0 < self.min_retention <= self.initial_retention <= 1:
+                raise ValueError("need 0 < min_retention <= initial_retention <= 1.")
+
+    def __init__(self, num_classes: int, feature_dim: int) -> None:
+        super().__init__(num_classes, feature_dim)
+        self.head_module = _MaskedLinear(feature_dim, num_classes)
+
+    @classmethod
+    def create(cls, num_classes: int, options: Any, **facts: Any) -> "MaskedClassifierHead":
+        return cls(num_classes, facts["feature_dim"])
+
+    @staticmethod
+    def next_retention(retention: float, confidence_gap: float, options: Any) -> float:
+        """The controller: lower r when over-confident (gap > 0), raise it when under-confident."""
+        return float(min(1.0, max(options.min_retention, retention - options.controller_gain * confidence_gap)))

@@ -1,0 +1,227 @@
+"""Head retraining on frozen features: one backbone pass per split, then cheap head epochs.
+
+Features (the input of the base's classifier layer) are computed once per split under
+``torch.no_grad()`` and kept in a :class:`FeatureStore` — in memory, or in safetensors
+shards on disk (``feature_cache_dir``) streamed shard by shard each epoch for data larger
+than memory. Every process receives every feature row and trains the (small) head
+identically; the main process's head is broadcast at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import _distributed
+from ..backbones import Backbone
+from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
+from ..calibrators.temperature import fit_inverse_temperature
+from ..data import PreparedData
+from ..metrics import calibration_report
+from .engine import Engine
+
+SHARD_ROWS = 1 << 15
+
+
+class FeatureStore:
+    """Feature rows (N, d) and labels (N,), in memory or as safetensors shards in ``directory``."""
+
+    def __init__(self, directory: Optional[str | Path] = None, shard_rows: int = SHARD_ROWS) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self.shard_rows = shard_rows
+        self._shards: List[Any] = []  # (features, labels) tensors, or file paths on disk
+        self._buffer: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._buffered = 0
+        self.count = 0
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def append(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self._buffer.append((features.detach().cpu(), labels.detach().cpu()))
+        self._buffered += len(labels)
+        self.count += len(labels)
+        if self._buffered >= self.shard_rows:
+            self._flush()
+
+    def finish(self) -> "FeatureStore":
+        if self._buffer:
+            self._flush()
+        return self
+
+    def _flush(self) -> None:
+        features = torch.cat([part[0] for part in self._buffer])
+        labels = torch.cat([part[1] for part in self._buffer])
+        self._buffer, self._buffered = [], 0
+        if self.directory is None:
+            self._shards.append((features, labels))
+            return
+        path = self.directory / f"features-{len(self._shards):05d}.safetensors"
+        if _distributed.rank() == 0:
+            save_file({"features": features.contiguous(), "labels": labels.contiguous()}, str(path))
+        self._shards.append(path)
+
+    def _shard(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        shard = self._shards[index]
+        if isinstance(shard, Path):
+            tensors = load_file(str(shard))
+            return tensors["features"], tensors["labels"]
+        return shard
+
+    def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled batches: shard order and rows within each shard permuted."""
+        for index in torch.randperm(len(self._shards), generator=generator).tolist():
+            features, labels = self._shard(index)
+            order = torch.randperm(len(labels), generator=generator)
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                yield features[rows], labels[rows]
+
+    def tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every row at once (for validation-sized splits)."""
+        parts = [self._shard(index) for index in range(len(self._shards))]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def collect_features(
+    backbone: Backbone, data: PreparedData, indices: torch.Tensor, engine: Engine, *, directory: Optional[Path], description: str
+) -> FeatureStore:
+    """One no-grad pass: the classifier-layer inputs of ``indices`` into a :class:`FeatureStore`."""
+
+    def compute(inputs):
+        with backbone.features_captured() as captured:
+            backbone.logits(inputs)
+        return captured[-1].reshape(captured[-1].shape[0], -1)
+
+    store = FeatureStore(directory)
+    for features, labels in engine.stream(data, indices, compute, num_classes=backbone.num_classes, description=description):
+        store.append(features, labels)
+    if directory is not None and engine.world > 1:
+        engine.accelerator.wait_for_everyone()  # shards written by the main process
+    return store.finish()
+
+
+def _feature_dim(backbone: Backbone) -> int:
+    return int(backbone.final_layer().in_features)
+
+
+def _evaluate(head: torch.nn.Module, features: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+    with torch.no_grad():
+        logits = head(features)
+    report = calibration_report(logits, labels, from_logits=True)
+    probs = torch.softmax(logits.double(), dim=1)
+    return {
+        "nll": report["nll"], "ece": report["ece"], "accuracy": report["accuracy"],
+        "confidence_gap": float(probs.max(dim=1).values.mean()) - report["accuracy"],
+    }
+
+
+def fit_head(
+    backbone: Backbone,
+    train: PreparedData,
+    validation: Optional[PreparedData],
+    calibrator: HeadCalibrator,
+    options: Any,
+    engine: Engine,
+    temperature_data: Optional[PreparedData] = None,
+) -> Dict[str, Any]:
+    """Train ``calibrator``'s head on cached features; keep the epoch with the lowest validation NLL."""
+    device = engine.device
+    cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
+    if validation is None:
+        if options.holdout_fraction == 0:
+            raise ValueError(f"{calibrator.method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
+        train_indices, validation_indices = engine.split_indices(len(train), options.holdout_fraction)
+        validation = train
+    else:
+        train_indices, validation_indices = torch.arange(len(train)), torch.arange(len(validation))
+    train_store = collect_features(backbone, train, train_indices, engine, directory=cache and cache / "train", description="features (train)")
+    val_store = collect_features(backbone, validation, validation_indices, engine, directory=cache and cache / "validation", description="features (validation)")
+    val_features, val_labels = (t.to(device) for t in val_store.tensors())
+    head = calibrator.head_module
+    if isinstance(calibrator, MaskedClassifierHead) and options.init_from_base:
+        with torch.no_grad():
+            final = backbone.final_layer()
+            head.weight.copy_(final.weight)
+            head.bias.copy_(final.bias if final.bias is not None else torch.zeros_like(head.bias))
+    if isinstance(calibrator, VariationalTwoStageHead):
+        calibrator.draw_noise(engine.generator(0x7E57))
+    generator = engine.generator(0x4EAD)
+    if isinstance(calibrator, MaskedClassifierHead):
+        head.generator = generator
+        head.retention = options.initial_retention
+    optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=options.lr, weight_decay=options.weight_decay)
+    history: List[Dict[str, Any]] = []
+    best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
+    with engine.progress(options.epochs, f"training head ({calibrator.method})") as bar:
+        for epoch in range(1, options.epochs + 1):
+            head.train()
+            total, seen = 0.0, 0
+            for features, labels in train_store.batches(options.head_batch_size, generator):
+                features, labels = features.to(device), labels.to(device)
+                optimizer.zero_grad(set_to_none=True)
+                loss = calibrator.training_loss(features, labels, generator)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"head training loss became {float(loss)} at epoch {epoch}; lower lr.")
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * len(labels)
+                seen += len(labels)
+            head.eval()
+            record = {"epoch": epoch, "train_loss": total / max(seen, 1), **_evaluate(head, val_features, val_labels)}
+            if isinstance(calibrator, MaskedClassifierHead):
+                record["retention"] = head.retention
+                head.retention = calibrator.next_retention(head.retention, record["confidence_gap"], options)
+            history.append(record)
+            bar.update(1)
+            bar.set_postfix(val_nll=f"{record['nll']:.4f}")
+            if record["nll"] < best_nll:
+                best_nll, best_state, best_epoch, stale = record["nll"], copy.deepcopy(head.state_dict()), epoch, 0
+            else:
+                stale += 1
+                if options.patience is not None and stale >= options.patience:
+                    break
+    head.load_state_dict(best_state)
+    head.eval()
+    summary: Dict[str, Any] = {
+        "trained_on": train.description, "validated_on": validation.description if validation is not train else
+        f"{len(validation_indices)} held-out samples of the training data", "train_samples": len(train_indices),
+        "validation_samples": len(validation_indices), "best_epoch": best_epoch, "epochs_run": len(history),
+        "best_validation_nll": best_nll, "history": history,
+    }
+    if options.temperature:
+        summary["temperature"] = _fit_temperature(backbone, calibrator, temperature_data, (val_features, val_labels), engine)
+    return summary
+
+
+def _fit_temperature(
+    backbone: Backbone, calibrator: HeadCalibrator, data: Optional[PreparedData], validation: Tuple[torch.Tensor, torch.Tensor], engine: Engine
+) -> Dict[str, Any]:
+    """Temperature on the new head's logits, over ``data`` (or the validation features)."""
+    if data is not None:
+        store = collect_features(backbone, data, torch.arange(len(data)), engine, directory=None, description="features (temperature)")
+        features, labels = (t.to(engine.device) for t in store.tensors())
+        source = data.description
+    else:
+        (features, labels), source = validation, "validation data"
+    with torch.no_grad():
+        logits = calibrator.head_module(features)
+    beta, _ = fit_inverse_temperature(logits, labels)
+    with torch.no_grad():
+        calibrator.log_temperature.fill_(-math.log(beta))
+    return {"temperature": 1.0 / beta, "fitted_on": source}
+
+
+def head_facts(backbone: Backbone) -> Dict[str, Any]:
+    return {"feature_dim": _feature_dim(backbone)}
+
+
+__all__ = ["FeatureStore", "collect_features", "fit_head", "head_facts"]
+

@@ -1,0 +1,110 @@
+"""Bad input to ``CalibratedModel.fit`` / calling a calibrated model: clear errors, nothing lost."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from hf_calibrate import CalibratedConfig, CalibratedModel
+from hf_calibrate.calibrators import TemperatureScaling
+from hf_calibrate.serialization import weights_fingerprint
+
+
+@pytest.fixture()
+def cnn():
+    torch.manual_seed(0)
+    return timm.create_model("resnet10t", pretrained=False, num_classes=3, pretrained_cfg_overlay=dict(input_size=(3, 16, 16)))
+
+
+@pytest.fixture()
+def data():
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(40, 3, 16, 16, generator=generator), torch.randint(0, 3, (40,), generator=generator))
+
+
+def test_empty_calibration_data(cnn):
+    with pytest.raises(ValueError, match="empty"):
+        CalibratedModel.fit(cnn, TensorDataset(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.long)), method="temperature", progress=False)
+
+
+def test_labels_outside_the_models_labels(cnn):
+    bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 3, 0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"labels do not match the model: label 3 is outside the valid range \[0, 2\]"):
+        CalibratedModel.fit(cnn, bad, method="temperature", progress=False)
+
+
+def test_float_labels_are_refused(cnn):
+    bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.zeros(8))
+    with pytest.raises(ValueError, match="integer class indices"):
+        CalibratedModel.fit(cnn, bad, method="temperature", progress=False)
+
+
+def test_model_output_not_n_by_c(data):
+    class Flat(nn.Module):
+        def forward(self, x):
+            return x.flatten()
+
+    with pytest.raises(ValueError, match=r"expected logits of shape \(batch, num_classes\)"):
+        CalibratedModel.fit(Flat(), data, method="temperature", progress=False)
+
+
+def test_iterable_data_is_refused_with_a_reason(cnn):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(3, 16, 16), 0
+
+    with pytest.raises(ValueError, match="random access"):
+        CalibratedModel.fit(cnn, DataLoader(Stream()), method="temperature", progress=False)
+
+
+def test_unknown_method_and_option(cnn, data):
+    with pytest.raises(ValueError, match="unknown method 'platt'"):
+        CalibratedModel.fit(cnn, data, method="platt")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['epoch'\].*epochs"):
+        CalibratedModel.fit(cnn, data, method="neural_clamping", epoch=3)
+    with pytest.raises(ValueError, match="mixed_precision must be one of"):
+        CalibratedModel.fit(cnn, data, method="temperature", mixed_precision="fp8")
+    with pytest.raises(ValueError, match="fp16' needs a GPU"):
+        CalibratedModel.fit(cnn, data, method="temperature", mixed_precision="fp16", progress=False)
+
+
+def test_delta_shape_mismatch_names_the_expected_shape(cnn, data):
+    calibrated = CalibratedModel.fit(cnn, data, method="neural_clamping", epochs=1, batch_size=20, progress=False)
+    with pytest.raises(ValueError, match=r"δ has shape \(3, 16, 16\) but this input has per-sample shape \(3, 24, 24\)"):
+        calibrated(torch.randn(2, 3, 24, 24))
+
+
+def test_unfitted_calibrator_refuses_to_predict(cnn):
+    config = CalibratedConfig(base_library="timm", calibration_method="temperature")
+    model = CalibratedModel(config, cnn, TemperatureScaling(3))
+    with pytest.raises(RuntimeError, match="has not been fitted"):
+        model(torch.randn(1, 3, 16, 16))
+
+
+def test_inputs_on_another_device(cnn, data):
+    calibrated = CalibratedModel.fit(cnn, data, method="temperature", progress=False)
+    with pytest.raises(ValueError, match="is on meta but the calibrated model is on cpu"):
+        calibrated(torch.empty(1, 3, 16, 16, device="meta"))
+
+
+def test_nan_loss_aborts_and_leaves_the_model_as_it_was(cnn, data):
+    cnn.train()
+    cnn.fc.weight.requires_grad_(True)
+    flags = [p.requires_grad for p in cnn.parameters()]
+    before = weights_fingerprint(cnn)
+    with pytest.raises(FloatingPointError, match="loss became (nan|inf).*Lower lr.*left unchanged"):
+        CalibratedModel.fit(cnn, data, method="neural_clamping", epochs=3, lr=1e30, batch_size=20, holdout_fraction=0, progress=False)
+    assert weights_fingerprint(cnn) == before
+    assert [p.requires_grad for p in cnn.parameters()] == flags
+    assert cnn.training  # its mode is restored too
+
+
+def test_fit_freezes_without_copying(cnn, data):
+    calibrated = CalibratedModel.fit(cnn, data, method="temperature", progress=False)
+    assert calibrated.base_model is cnn
+    assert not any(p.requires_grad for p in cnn.parameters()) and not cnn.training
+    calibrated.train()
+    assert not calibrated.base_model.training  # the base stays in eval mode
