@@ -244,6 +244,8 @@ class CalibratedModel(PreTrainedModel):
         calibrated.preprocessor = engine_options.preprocessor
         calibrated.provenance = {
             "dataset": data.description,
+            "dataset_name": data.name,
+            "split": data.split,
             "num_samples": len(data),
             "seed": engine_options.seed,
             "options": options_to_dict(method_options),
@@ -434,7 +436,7 @@ class CalibratedModel(PreTrainedModel):
         calibrator = serialization.load_calibrator(root, record)
         base = base_model if base_model is not None else serialization.load_base(root, record, **hub_options)
         backbone = adapt(base, num_classes=calibrator.num_classes)
-        serialization.verify_against_base(root, record, backbone, calibrator)
+        serialization.verify_against_base(root, record, backbone, calibrator, base_passed=base_model is not None)
         if isinstance(dtype, torch.dtype):
             base.to(dtype)
         base_info = record["base_model"]
@@ -478,6 +480,21 @@ class CalibratedModel(PreTrainedModel):
                 folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,
                 overwrite_card=overwrite_card,
             )
+
+    def push_evaluation_results(
+        self,
+        repo_id: str,
+        evaluation: Optional[Dict[str, Any]] = None,
+        *,
+        token: Optional[str | bool] = None,
+        revision: Optional[str] = None,
+        commit_message: Optional[str] = None,
+    ) -> Any:
+        """Put ``evaluation`` (default: ``last_evaluation``) into the model-index of ``repo_id``'s card; one commit."""
+        evaluation = evaluation if evaluation is not None else self.last_evaluation
+        if not evaluation:
+            raise ValueError("nothing to push: run calibrated.evaluate(test_data) first, or pass evaluation=....")
+        return _hub.push_evaluation_results(repo_id, evaluation, token=token, revision=revision, commit_message=commit_message)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self.calibrator, "is_fitted", False):

@@ -69,9 +69,14 @@ def weights_fingerprint(model: nn.Module) -> str:
 
 
 def hub_reference(model: nn.Module, library: str) -> Dict[str, Optional[str]]:
-    """The base's hub repo id and commit, when the model records where it came from."""
-    if library == "timm":
-        return {"repo_id": model.pretrained_cfg.get("hf_hub_id"), "revision": None}
+    """The base's hub repo id and commit, when the model reliably records where it came from.
+
+    transformers models record it (``config._name_or_path`` and ``_commit_hash``); timm models
+    do not (their ``pretrained_cfg`` names a hub id whether or not its weights were loaded), so
+    for timm pass ``base_model_id`` when saving.
+    """
+    if library == "timm":  # pretrained_cfg names a hub id even for random weights: no reliable source
+        return {"repo_id": None, "revision": None}
     if library == "transformers":
         name = getattr(model.config, "_name_or_path", None) or None
         local = name is not None and os.path.isdir(name)
@@ -253,8 +258,14 @@ def load_calibrator(root: Path, record: Dict[str, Any]) -> Calibrator:
     return calibrator
 
 
-def verify_against_base(root: Path, record: Dict[str, Any], backbone: Backbone, calibrator: Calibrator) -> None:
-    """Check labels, δ's input contract and the base fingerprint against the loaded base."""
+def verify_against_base(
+    root: Path, record: Dict[str, Any], backbone: Backbone, calibrator: Calibrator, *, base_passed: Optional[bool] = None
+) -> None:
+    """Check labels, δ's input contract and the base fingerprint against the loaded base.
+
+    ``base_passed`` says whether the caller supplied the base (``base_model=``) rather than
+    loading it from the artifact; it only sharpens the error message (None: unknown).
+    """
     base = record["base_model"]
     if backbone.num_classes is not None and backbone.num_classes != calibrator.num_classes:
         raise ArtifactError(
@@ -282,23 +293,25 @@ def verify_against_base(root: Path, record: Dict[str, Any], backbone: Backbone, 
         actual = weights_fingerprint(backbone.model)
         if actual != recorded:
             raise ArtifactError(
-                f"the base model's weights ({actual[:19]}…, from {_base_source(root, record)} unless you passed "
-                f"base_model=) are not those the calibration in {root} was fitted on ({recorded[:19]}…); δ and T "
-                "are only valid for that base. Restore the original base weights (re-download or re-save the "
-                "calibration), or refit the calibration on this base."
+                f"the base model's weights ({actual[:19]}…, {_base_source(root, record, base_passed)}) are not "
+                f"those the calibration in {root} was fitted on ({recorded[:19]}…); δ and T are only valid for that "
+                "base. Restore the original base weights (re-download or re-save the calibration), or refit the "
+                "calibration on this base."
             )
 
 
-def _base_source(root: Path, record: Dict[str, Any]) -> str:
-    """Where :func:`load_base` reads the base weights from, for error messages."""
+def _base_source(root: Path, record: Dict[str, Any], base_passed: Optional[bool]) -> str:
+    """Where the base weights came from, for error messages (see :func:`load_base`)."""
     base = record["base_model"]
+    if base_passed or base.get("weights") == "not_saved":
+        return "the base_model= you passed"
     if base.get("weights") == "reference":
-        return f"the hub repo {base.get('repo_id')} at revision {base.get('revision') or 'main'}"
-    if base.get("library") == "timm":
-        return str(root / "model.safetensors")
-    if base.get("library") == "transformers":
-        return str(root / ((record.get("files") or {}).get("base") or BASE_FOLDER) / "model.safetensors")
-    return "the base_model you passed"
+        source = f"the hub repo {base.get('repo_id')} at revision {base.get('revision') or 'main'}"
+    elif base.get("library") == "timm":
+        source = str(root / "model.safetensors")
+    else:
+        source = str(root / ((record.get("files") or {}).get("base") or BASE_FOLDER) / "model.safetensors")
+    return f"from {source}" + (" unless you passed base_model=" if base_passed is None else "")
 
 
 def save_calibrator(calibrator: Calibrator, path: Path) -> None:

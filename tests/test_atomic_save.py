@@ -1,0 +1,174 @@
+"""Atomic saving: a save that fails midway leaves the previous folder byte-identical, and a save
+never loses a user's own README.md (unless ``overwrite_card=True``) or their other files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+import _tiny_models as tm
+import hf_calibrate.cards as cards
+import hf_calibrate.serialization as serialization
+from hf_calibrate import CalibratedModel
+from hf_calibrate.serialization import CARD_MARKER
+
+USER_CARD = "---\nlicense: mit\n---\n# My model\n\nMy own words.\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    with tm.torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def models() -> Dict[str, Any]:
+    """Two different evaluated calibrations of one ViT (so a completed second save changes bytes)."""
+    base, data, preprocessor = tm.make_base("vit")
+    first = tm.fit(base, data, "temperature", preprocessor=preprocessor)
+    second = tm.fit(base, data, "neural_clamping", preprocessor=preprocessor)
+    tm.enlarge_delta(second)
+    for model in (first, second):
+        model.evaluate(data, progress=False)
+    return {"first": first, "second": second, "base": base, "data": data}
+
+
+@pytest.fixture(scope="module")
+def first_save(models, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("first") / "model"
+    models["first"].save_pretrained(folder)
+    (folder / "notes.txt").write_text("my notes")  # a user's own file
+    return folder
+
+
+@pytest.fixture
+def target(first_save, tmp_path) -> Path:
+    """A private copy of the first save (with a user file) that a second save may replace."""
+    return Path(shutil.copytree(first_save, tmp_path / "model"))
+
+
+def _leftovers(parent: Path, name: str) -> List[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+def _fail_after_calibrator(monkeypatch) -> None:
+    real = serialization.save_calibrator
+
+    def save_then_fail(calibrator: Any, path: Path) -> None:
+        real(calibrator, path)
+        assert path.is_file()  # the first file of the new artifact really was written
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(serialization, "save_calibrator", save_then_fail)
+
+
+def _fail_in_card(monkeypatch) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(cards, "render_card", fail)
+
+
+def _fail_in_diagram(monkeypatch) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(cards, "write_diagram", fail)
+
+
+def _fail_in_swap(monkeypatch) -> None:
+    # A failing rename cannot be provoked portably, so the final staging → target rename is
+    # made to fail; the old folder has already been moved aside at that point.
+    real = os.replace
+
+    def flaky(source: Any, destination: Any) -> None:
+        if ".saving-" in Path(source).name:
+            raise OSError("simulated failure")
+        real(source, destination)
+
+    monkeypatch.setattr(os, "replace", flaky)
+
+
+FAILURES = {"calibrator": _fail_after_calibrator, "card": _fail_in_card, "diagram": _fail_in_diagram, "swap": _fail_in_swap}
+
+
+@pytest.mark.parametrize("where", list(FAILURES))
+def test_failed_save_leaves_the_previous_folder_untouched(models, target, monkeypatch, where):
+    before = tm.file_hashes(target)
+    assert {"calibration.safetensors", "base/model.safetensors", "README.md", "notes.txt"} <= set(before)
+    with monkeypatch.context() as patch:
+        FAILURES[where](patch)
+        with pytest.raises((RuntimeError, OSError), match="simulated failure"):
+            models["second"].save_pretrained(target)
+    assert tm.file_hashes(target) == before
+    assert _leftovers(target.parent, target.name) == []
+    CalibratedModel.from_pretrained(target)  # still a valid artifact
+    # the same save, not sabotaged, does change the folder: the comparison above is meaningful
+    models["second"].save_pretrained(target)
+    assert tm.file_hashes(target) != before
+    assert CalibratedModel.from_pretrained(target).method == "neural_clamping"
+
+
+@pytest.mark.parametrize("where", ["calibrator", "card"])
+def test_failed_first_save_leaves_nothing(models, tmp_path, monkeypatch, where):
+    target = tmp_path / "fresh"
+    FAILURES[where](monkeypatch)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        models["first"].save_pretrained(target)
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_user_readme_survives_unless_overwrite_card(models, tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "README.md").write_text(USER_CARD)
+    models["first"].save_pretrained(target)
+    assert (target / "README.md").read_text() == USER_CARD
+    assert (target / "calibration.safetensors").is_file()  # the artifact itself was written
+    models["second"].save_pretrained(target)
+    assert (target / "README.md").read_text() == USER_CARD
+    models["second"].save_pretrained(target, overwrite_card=True)
+    card = (target / "README.md").read_text()
+    assert CARD_MARKER in card and "My own words" not in card and "Neural Clamping" in card
+    # hf_calibrate's own card is refreshed by later saves without being asked
+    models["first"].save_pretrained(target)
+    assert "temperature scaling" in (target / "README.md").read_text()
+
+
+def test_user_files_survive(models, target):
+    (target / "extra").mkdir()
+    (target / "extra" / "data.csv").write_text("a,b\n1,2\n")
+    models["second"].save_pretrained(target)
+    models["first"].save_pretrained(target)
+    assert (target / "notes.txt").read_text() == "my notes"
+    assert (target / "extra" / "data.csv").read_text() == "a,b\n1,2\n"
+
+
+def test_files_the_previous_artifact_owned_do_not_linger(tmp_path):
+    """Re-saving reference-only and unevaluated drops the old base weights and diagram, keeps user files."""
+    base, data, _ = tm.make_base("timm")
+    calibrated = tm.fit(base, data, "temperature")
+    calibrated.evaluate(data, progress=False)
+    target = tmp_path / "model"
+    calibrated.save_pretrained(target)
+    (target / "notes.txt").write_text("mine")
+    assert (target / "model.safetensors").is_file() and (target / cards.DIAGRAM_FILE).is_file()
+    again = tm.fit(base, data, "histogram")  # no evaluation this time
+    again.save_pretrained(target, include_base=False, base_model_id="org/base", base_revision="0" * 40)
+    assert not (target / "model.safetensors").exists()
+    assert not (target / cards.DIAGRAM_FILE).exists()
+    assert (target / "notes.txt").read_text() == "mine"
+
+
+def test_saving_onto_a_file_is_refused(models, tmp_path):
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="not a folder"):
+        models["first"].save_pretrained(target)
+    assert target.read_bytes() == b"precious"
+    assert _leftovers(tmp_path, target.name) == []

@@ -1,0 +1,117 @@
+"""transformers pipelines serve calibrated probabilities.
+
+Tasks covered:
+
+* ``image-classification`` — a transformers ViT base (with its ``ViTImageProcessor``) and a
+  timm base (with transformers' ``TimmWrapperImageProcessor`` built from the model's
+  ``pretrained_cfg``);
+* ``text-classification`` — a tiny BERT with the real all-MiniLM-L6-v2 tokenizer.
+
+For each, three ways to build the pipeline: from the in-memory ``CalibratedModel`` (plus its
+preprocessor), from a folder written by ``save_pretrained`` (``pipeline(task, model=folder)``,
+nothing else), and from a hub repo id after ``push_to_hub`` (local test Hub). With
+``top_k=None`` every class score must equal softmax of the calibrated logits computed here from
+the same preprocessed input (to 1e-6), and differ from the uncalibrated softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import torch
+from transformers import pipeline
+from transformers.models.timm_wrapper import TimmWrapperImageProcessor
+
+import _tiny_models as tm
+from hf_calibrate import CalibratedModel
+
+TASKS = {"timm": "image-classification", "vit": "image-classification", "bert": "text-classification"}
+TEMPERATURE = 0.2  # set on the fitted calibration: clearly not 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    with tm.torch_threads(1):
+        yield
+
+
+def _preprocessor(kind: str, base: Any, default: Any) -> Any:
+    return TimmWrapperImageProcessor(pretrained_cfg=base.pretrained_cfg) if kind == "timm" else default
+
+
+def _model_inputs(kind: str, preprocessor: Any, raw: List[Any]) -> List[Dict[str, torch.Tensor]]:
+    """One batch of model inputs per raw input, preprocessed as the pipeline does it (one at a time)."""
+    if kind == "bert":
+        return [dict(preprocessor(text, return_tensors="pt")) for text in raw]
+    return [{"pixel_values": preprocessor(image, return_tensors="pt")["pixel_values"]} for image in raw]
+
+
+@pytest.fixture(scope="module", params=list(TASKS))
+def case(request) -> Dict[str, Any]:
+    """A Neural Clamping calibration with a large δ and T = 0.2, its inputs and expected scores."""
+    kind = request.param
+    base, data, default_preprocessor = tm.make_base(kind)
+    preprocessor = _preprocessor(kind, base, default_preprocessor)
+    calibrated = tm.fit(base, data, "neural_clamping", preprocessor=preprocessor)
+    tm.enlarge_delta(calibrated, scale=0.1)
+    with torch.no_grad():
+        calibrated.calibrator.log_temperature.fill_(math.log(TEMPERATURE))
+    raw = tm.sentences(4, seed=11) if kind == "bert" else tm.pil_images(4, seed=11)
+    expected, uncalibrated = [], []
+    for inputs in _model_inputs(kind, preprocessor, raw):
+        with torch.no_grad():
+            expected.append(torch.softmax(tm.logits_of(calibrated, inputs)[0].double(), -1))
+            uncalibrated.append(torch.softmax(calibrated.backbone.logits(inputs)[0].double(), -1))
+    return {"kind": kind, "task": TASKS[kind], "calibrated": calibrated, "preprocessor": preprocessor, "raw": raw,
+            "expected": torch.stack(expected), "uncalibrated": torch.stack(uncalibrated)}
+
+
+def _scores(pipe: Any, case: Dict[str, Any]) -> torch.Tensor:
+    """The pipeline's class scores, as an (N, C) tensor in class-index order."""
+    label2id = {label: int(index) for index, label in case["calibrated"].config.id2label.items()}
+    outputs = pipe(case["raw"], top_k=None)
+    assert len(outputs) == len(case["raw"])
+    scores = torch.zeros(len(outputs), len(label2id), dtype=torch.float64)
+    for row, output in enumerate(outputs):
+        assert sorted(item["label"] for item in output) == sorted(label2id)
+        for item in output:
+            scores[row, label2id[item["label"]]] = item["score"]
+    return scores
+
+
+def _check(scores: torch.Tensor, case: Dict[str, Any]) -> None:
+    assert torch.allclose(scores, case["expected"], atol=1e-6, rtol=0)
+    assert (scores - case["uncalibrated"]).abs().max() > 1e-3
+
+
+def _pipeline_kwargs(case: Dict[str, Any]) -> Dict[str, Any]:
+    key = "tokenizer" if case["kind"] == "bert" else "image_processor"
+    return {key: case["preprocessor"]}
+
+
+def test_calibration_changes_the_scores(case):
+    """Guard for the checks below: calibrated and uncalibrated probabilities really differ."""
+    assert (case["expected"] - case["uncalibrated"]).abs().max() > 1e-3
+
+
+def test_pipeline_from_the_model_object(case):
+    pipe = pipeline(case["task"], model=case["calibrated"], **_pipeline_kwargs(case))
+    _check(_scores(pipe, case), case)
+
+
+def test_pipeline_from_a_saved_folder(case, tmp_path):
+    preprocessor = None if case["kind"] == "timm" else case["preprocessor"]  # timm: config.json suffices
+    case["calibrated"].save_pretrained(tmp_path / "model", preprocessor=preprocessor)
+    pipe = pipeline(case["task"], model=str(tmp_path / "model"))
+    assert isinstance(pipe.model, CalibratedModel)
+    _check(_scores(pipe, case), case)
+
+
+def test_pipeline_from_the_hub(case, hub_online):
+    repo_id = hub_online.unique_repo_id(f"pipeline-{case['kind']}")
+    case["calibrated"].push_to_hub(repo_id)  # the preprocessor given to fit() is pushed with it
+    pipe = pipeline(case["task"], model=repo_id)
+    assert isinstance(pipe.model, CalibratedModel)
+    _check(_scores(pipe, case), case)
