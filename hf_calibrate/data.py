@@ -75,12 +75,13 @@ class _CachedItems(Dataset):
 
 
 def _tensor_bytes(item: Any) -> int:
+    """Rough memory held by an item: tensor bytes, 8 bytes per other leaf."""
     if isinstance(item, torch.Tensor):
-        return item.numel() * item.element_size()
+        return item.nbytes
     if isinstance(item, Mapping):
         return sum(_tensor_bytes(value) for value in item.values())
     if isinstance(item, (list, tuple)):
-        return sum(_tensor_bytes(value) for value in item) if item and not isinstance(item[0], (int, float)) else 8 * len(item)
+        return sum(_tensor_bytes(value) for value in item)
     return 8
 
 

@@ -15,9 +15,13 @@ split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.
 * **MaC-Cal** (Ni, Zhao, Yang, Guo, 2025; arXiv 2508.09116) — a *documented reconstruction*:
   only the abstract and one figure caption are public. A linear head initialised from the
   base classifier is retrained with Bernoulli masks on its weights (retention rate r,
-  inverted scaling so inference uses the full weights); after each epoch a controller moves
-  r by the validation gap between mean confidence and accuracy (over-confident → lower r,
+  inverted scaling); predictions average the softmax over M fixed masks at the same r, so r
+  is the knob that smooths them. After each epoch a controller moves r by the validation gap
+  between mean confidence and accuracy of those predictions (over-confident → lower r,
   more stochastic sparsity; under-confident → higher r); early stopping on validation NLL.
+  (A first reconstruction used the full weights at prediction time; its confidence did not
+  fall monotonically with r — heavy masking of a large-norm head drove the weights *up* —
+  so the controller could not steer it. Masked prediction makes the lever monotone.)
 """
 
 from __future__ import annotations
@@ -220,18 +224,41 @@ class VariationalTwoStageHead(HeadCalibrator):
 
 
 class _MaskedLinear(nn.Linear):
-    """A linear layer whose weights are multiplied by a Bernoulli(r) mask / r while training."""
+    """A linear head under Bernoulli(r) weight masks.
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    Training: one fresh mask per forward pass, weights scaled by 1/r (inverted DropConnect).
+    Prediction: the log of the mean softmax over M fixed masks (drawn from ``mask_seed``), so
+    the retention rate r directly sets how much the prediction is smoothed; r = 1 is the
+    plain linear head. r and the seed are buffers: saved and restored with the weights.
+    """
+
+    def __init__(self, in_features: int, out_features: int, samples: int) -> None:
         super().__init__(in_features, out_features)
-        self.retention = 1.0
+        self.samples = samples
+        self.register_buffer("retention", torch.ones(()))
+        self.register_buffer("mask_seed", torch.zeros((), dtype=torch.long))
         self.generator: Optional[torch.Generator] = None
+        self._cached: Optional[tuple] = None
+
+    def _draw(self, shape, generator: torch.Generator) -> torch.Tensor:
+        return (torch.rand(shape, generator=generator) < float(self.retention)).to(self.weight.device, self.weight.dtype)
+
+    def _prediction_masks(self) -> torch.Tensor:
+        key = (float(self.retention), int(self.mask_seed), self.weight.device)
+        if self._cached is None or self._cached[0] != key:
+            generator = torch.Generator().manual_seed(int(self.mask_seed))
+            self._cached = (key, self._draw((self.samples, *self.weight.shape), generator))
+        return self._cached[1]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.retention >= 1.0:
+        r = float(self.retention)
+        if r >= 1.0:
             return super().forward(features)
-        keep = torch.rand(self.weight.shape, generator=self.generator).to(self.weight.device) < self.retention
-        return F.linear(features, self.weight * keep / self.retention, self.bias)
+        if self.training:
+            return F.linear(features, self.weight * self._draw(self.weight.shape, self.generator) / r, self.bias)
+        weights = self.weight[None] * self._prediction_masks() / r  # (M, C, d)
+        log_probs = F.log_softmax(torch.einsum("nd,mcd->mnc", features, weights) + self.bias, dim=-1)
+        return torch.logsumexp(log_probs, dim=0) - math.log(self.samples)
 
 
 class MaskedClassifierHead(HeadCalibrator):
@@ -244,20 +271,22 @@ class MaskedClassifierHead(HeadCalibrator):
         """MaC-Cal options (plus those of :class:`HeadOptions`).
 
         Attributes:
-            lr: Adam learning rate (default 1e-3).
+            lr: Adam learning rate (default 3e-3).
             epochs: default 30.
             initial_retention: r at the start (default 0.9).
             min_retention: lower bound of r (default 0.3).
             controller_gain: η in r ← clip(r − η·(mean confidence − accuracy), min, 1) after each
-                epoch, on the validation split (default 2.0).
+                epoch, measured on the validation split with the masked prediction (default 1.0).
+            samples: M, fixed masks averaged at prediction time (default 10).
             init_from_base: start from the base classifier's weights (default True).
         """
 
-        lr: float = 1e-3
+        lr: float = 3e-3
         epochs: int = 30
         initial_retention: float = 0.9
         min_retention: float = 0.3
-        controller_gain: float = 2.0
+        controller_gain: float = 1.0
+        samples: int = 10
         init_from_base: bool = True
 
         def __post_init__(self) -> None:
@@ -265,13 +294,17 @@ class MaskedClassifierHead(HeadCalibrator):
             if not 0 < self.min_retention <= self.initial_retention <= 1:
                 raise ValueError("need 0 < min_retention <= initial_retention <= 1.")
 
-    def __init__(self, num_classes: int, feature_dim: int) -> None:
+    def __init__(self, num_classes: int, feature_dim: int, samples: int = 10) -> None:
         super().__init__(num_classes, feature_dim)
-        self.head_module = _MaskedLinear(feature_dim, num_classes)
+        self.samples = int(samples)
+        self.head_module = _MaskedLinear(feature_dim, num_classes, self.samples)
 
     @classmethod
     def create(cls, num_classes: int, options: Any, **facts: Any) -> "MaskedClassifierHead":
-        return cls(num_classes, facts["feature_dim"])
+        return cls(num_classes, facts["feature_dim"], options.samples)
+
+    def config(self) -> Dict[str, Any]:
+        return {**super().config(), "samples": self.samples}
 
     @staticmethod
     def next_retention(retention: float, confidence_gap: float, options: Any) -> float:

@@ -156,7 +156,8 @@ def fit_head(
     generator = engine.generator(0x4EAD)
     if isinstance(calibrator, MaskedClassifierHead):
         head.generator = generator
-        head.retention = options.initial_retention
+        head.retention.fill_(options.initial_retention)
+        head.mask_seed.fill_(int(torch.randint(0, 2**62, (1,), generator=engine.generator(0x3A5C))))
     optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=options.lr, weight_decay=options.weight_decay)
     history: List[Dict[str, Any]] = []
     best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
@@ -177,8 +178,8 @@ def fit_head(
             head.eval()
             record = {"epoch": epoch, "train_loss": total / max(seen, 1), **_evaluate(head, val_features, val_labels)}
             if isinstance(calibrator, MaskedClassifierHead):
-                record["retention"] = head.retention
-                head.retention = calibrator.next_retention(head.retention, record["confidence_gap"], options)
+                record["retention"] = float(head.retention)
+                head.retention.fill_(calibrator.next_retention(record["retention"], record["confidence_gap"], options))
             history.append(record)
             bar.update(1)
             bar.set_postfix(val_nll=f"{record['nll']:.4f}")

@@ -266,7 +266,8 @@ def negative_log_likelihood(probs: Any, labels: Any, *, from_logits: bool = Fals
 def brier_score(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     """Mean over samples of Σ_k (p_ik − [y_i = k])², summed (not averaged) over classes.
 
-    Ranges over [0, 2]. sklearn-style multiclass Brier scores divide this by C.
+    Ranges over [0, 2]. ``sklearn.metrics.brier_score_loss`` (≥ 1.7) gives the same value for
+    C ≥ 3 and half of it for C = 2; conventions that average over classes divide it by C.
 
     Example:
         >>> import torch

@@ -41,9 +41,11 @@ class CalibrationMetrics:
         adaptive: also compute AdaECE (equal-mass bins), which keeps a confidence and a
             correctness flag per sample (5 bytes for float32 inputs, 9 for float64);
             with ``False`` memory is O(B·C) whatever the number of samples.
+        classwise: also compute the classwise ECE, which bins all N·C probabilities (the
+            costliest part of an update); with ``False`` the state is O(B).
 
     ``compute()`` returns a dict with ``accuracy``, ``ece`` (equal-width, l1), ``ada_ece``
-    (equal-mass; only with ``adaptive``), ``mce`` (max), ``rms_ce`` (l2), ``classwise_ece``,
+    (equal-mass; only with ``adaptive``), ``mce`` (max), ``rms_ce`` (l2), ``classwise_ece`` (only with ``classwise``),
     ``nll`` (nats), ``brier`` (summed over classes) and ``num_samples``.
 
     Under several processes every process must call ``compute()`` (it communicates), and
@@ -59,12 +61,13 @@ class CalibrationMetrics:
         (0.4167, 3)
     """
 
-    def __init__(self, num_classes: int, n_bins: int = 15, *, adaptive: bool = True) -> None:
+    def __init__(self, num_classes: int, n_bins: int = 15, *, adaptive: bool = True, classwise: bool = True) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}.")
         self.num_classes = num_classes
         self.n_bins = check_n_bins(n_bins)
         self.adaptive = adaptive
+        self.classwise = classwise
         self.reset()
 
     def reset(self) -> None:
@@ -90,7 +93,7 @@ class CalibrationMetrics:
         if self._width_stats is None:
             self._width_stats = torch.zeros(3, self.n_bins, dtype=torch.float64, device=probs.device)
             self._class_stats = torch.zeros(
-                3, self.num_classes, self.n_bins, dtype=torch.float64, device=probs.device
+                3, self.num_classes if self.classwise else 0, self.n_bins, dtype=torch.float64, device=probs.device
             )
             self._sums = torch.zeros(2, dtype=torch.float64, device=probs.device)
         elif probs.device != self.device:
@@ -100,7 +103,8 @@ class CalibrationMetrics:
             )
         confidences, correct = top_label(probs, labels)
         self._width_stats += equal_width_statistics(confidences, correct, self.n_bins)
-        self._class_stats += classwise_statistics(probs, labels, self.n_bins)
+        if self.classwise:
+            self._class_stats += classwise_statistics(probs, labels, self.n_bins)
         self._sums += torch.tensor(nll_and_brier_sums(probs, labels), dtype=torch.float64, device=probs.device)
         if self.adaptive:
             # The float64 confidence is an upcast of an entry of probs: storing it at probs'
@@ -118,7 +122,7 @@ class CalibrationMetrics:
             # This process's shard was empty; it still joins the collectives, with zero statistics.
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
             width = torch.zeros(3, self.n_bins, dtype=torch.float64, device=device)
-            classes = torch.zeros(3, self.num_classes, self.n_bins, dtype=torch.float64, device=device)
+            classes = torch.zeros(3, self.num_classes if self.classwise else 0, self.n_bins, dtype=torch.float64, device=device)
             sums = torch.zeros(2, dtype=torch.float64, device=device)
         else:
             raise ValueError(no_samples)
@@ -146,11 +150,12 @@ class CalibrationMetrics:
             "ece": calibration_error_from_statistics(width, "l1"),
             "mce": calibration_error_from_statistics(width, "max"),
             "rms_ce": calibration_error_from_statistics(width, "l2"),
-            "classwise_ece": classwise_error_from_statistics(classes),
             "nll": float(sums[0]) / num_samples,
             "brier": float(sums[1]) / num_samples,
             "num_samples": num_samples,
         }
+        if self.classwise:
+            result["classwise_ece"] = classwise_error_from_statistics(classes)
         if self.adaptive:
             result["ada_ece"] = calibration_error_from_statistics(
                 equal_mass_statistics(confidences, correct, self.n_bins), "l1"

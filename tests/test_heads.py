@@ -1,0 +1,176 @@
+"""Head-retraining methods (TST, V-TST, MaC-Cal) on a frozen backbone.
+
+Fast checks use a small plain-PyTorch classifier on a Gaussian-mixture problem (features are
+the input of its last ``nn.Linear``); the real-model checks use the zoo CNN and MiniLM.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hf_calibrate import CalibratedModel
+from hf_calibrate.calibrators import MaskedClassifierHead, VariationalTwoStageHead
+from hf_calibrate.fitting import FeatureStore
+from hf_calibrate.serialization import weights_fingerprint
+
+HEADS = ("tst", "vtst", "mac_cal")
+
+
+def mixture(n: int, seed: int, classes: int = 4, dim: int = 8):
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 0.6
+    labels = torch.randint(0, classes, (n,), generator=generator)
+    return TensorDataset(centres[labels] + torch.randn(n, dim, generator=generator), labels)
+
+
+def overconfident_classifier(scale: float = 6.0) -> nn.Module:
+    """A fixed MLP whose last layer is a least-squares fit scaled by ``scale`` (over-confident for scale > 1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
+    x, y = mixture(2000, seed=5).tensors
+    with torch.no_grad():
+        hidden = model[1](model[0](x))
+        design = torch.cat([hidden, torch.ones(len(x), 1)], 1)
+        solution = torch.linalg.lstsq(design, nn.functional.one_hot(y, 4).float() * 4 - 2).solution
+        model[2].weight.copy_(solution[:-1].T * scale)
+        model[2].bias.copy_(solution[-1] * scale)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return {"train": mixture(1500, seed=1), "validation": mixture(500, seed=2), "test": mixture(1500, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def heads(problem):
+    model = overconfident_classifier()
+    before = weights_fingerprint(model)
+    fitted = {
+        method: CalibratedModel.fit(model, problem["train"], method=method, validation_data=problem["validation"], epochs=20, lr=3e-3, progress=False)
+        for method in HEADS
+    }
+    return model, before, fitted
+
+
+@pytest.mark.parametrize("method", HEADS)
+def test_head_beats_uncalibrated_ece(heads, problem, method):
+    _, _, fitted = heads
+    result = fitted[method].evaluate(problem["test"], progress=False)
+    assert result["uncalibrated"]["ece"] > 0.05  # the base really is over-confident
+    assert result["calibrated"]["ece"] < 0.5 * result["uncalibrated"]["ece"], result
+    assert result["calibrated"]["accuracy"] > result["uncalibrated"]["accuracy"] - 0.03
+
+
+def test_backbone_untouched(heads):
+    model, before, fitted = heads
+    assert weights_fingerprint(model) == before
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("method", HEADS)
+def test_head_round_trips_with_identical_predictions(heads, problem, method, tmp_path):
+    model, _, fitted = heads
+    fitted[method].save_pretrained(tmp_path)
+    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=model)
+    x = problem["test"].tensors[0][:64]
+    with torch.no_grad():
+        assert torch.equal(fitted[method](x), loaded(x))
+
+
+def test_best_epoch_is_the_lowest_validation_nll(heads):
+    _, _, fitted = heads
+    summary = fitted["tst"].fit_summary
+    nlls = [record["nll"] for record in summary["history"]]
+    assert summary["best_epoch"] == 1 + nlls.index(min(nlls))
+    assert summary["validated_on"].startswith("TensorDataset")
+
+
+def test_vtst_predictions_are_fixed_and_mean_mode_is_deterministic(heads, problem):
+    _, _, fitted = heads
+    x = problem["test"].tensors[0][:32]
+    vtst = fitted["vtst"]
+    with torch.no_grad():
+        first, second = vtst(x), vtst(x)
+        one_by_one = torch.cat([vtst(x[i : i + 1]) for i in range(len(x))])
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, one_by_one, rtol=1e-5, atol=1e-6)  # a sample's prediction ignores its batch
+    assert isinstance(vtst.calibrator, VariationalTwoStageHead) and vtst.calibrator.head_module.noise.abs().sum() > 0
+    vtst.calibrator.head_module.prediction = "mean"
+    with torch.no_grad():
+        assert not torch.equal(vtst(x), first)
+    vtst.calibrator.head_module.prediction = "sample"
+
+
+def test_mac_cal_controller_direction():
+    options = MaskedClassifierHead.Options(initial_retention=0.8, min_retention=0.3, controller_gain=2.0)
+    assert MaskedClassifierHead.next_retention(0.8, 0.05, options) == pytest.approx(0.7)  # over-confident → sparser
+    assert MaskedClassifierHead.next_retention(0.8, -0.05, options) == pytest.approx(0.9)  # under-confident → denser
+    assert MaskedClassifierHead.next_retention(0.35, 0.5, options) == 0.3
+    assert MaskedClassifierHead.next_retention(0.95, -0.5, options) == 1.0
+
+
+@pytest.mark.parametrize("scale, sign", [(6.0, 1), (0.15, -1)])
+def test_mac_cal_moves_confidence_towards_accuracy(problem, scale, sign):
+    """Over-confident base (scale 6): the controller lowers r and confidence drops; under-confident (0.15): the reverse."""
+    model = overconfident_classifier(scale)
+    x, y = problem["validation"].tensors
+    with torch.no_grad():
+        probs = torch.softmax(model(x), 1)
+    base_gap = probs.max(1).values.mean().item() - (probs.argmax(1) == y).float().mean().item()
+    assert sign * base_gap > 0.15  # the base head is mis-calibrated in the expected direction
+    fitted = CalibratedModel.fit(model, problem["train"], method="mac_cal", validation_data=problem["validation"],
+                                 epochs=15, lr=1e-2, progress=False)
+    history = fitted.fit_summary["history"]
+    retentions = [record["retention"] for record in history]
+    first_move = next(b - a for a, b in zip(retentions, retentions[1:]) if b != a)
+    assert sign * first_move < 0  # over-confident → sparser masks; under-confident → denser
+    best = history[fitted.fit_summary["best_epoch"] - 1]
+    assert abs(best["confidence_gap"]) < 0.3 * abs(base_gap)
+
+
+def test_masking_is_a_confidence_lever(problem):
+    """Lower fixed retention (controller off) → a less confident prediction on the same data."""
+    model = overconfident_classifier()
+    confidences = []
+    for retention in (1.0, 0.4):
+        fitted = CalibratedModel.fit(model, problem["train"], method="mac_cal", validation_data=problem["validation"], epochs=10,
+                                     lr=3e-3, initial_retention=retention, min_retention=min(retention, 0.4), controller_gain=0.0,
+                                     init_from_base=False, progress=False)
+        record = fitted.fit_summary["history"][-1]
+        confidences.append(record["confidence_gap"] + record["accuracy"])
+    assert confidences[1] < confidences[0]
+
+
+def test_temperature_after_the_head_on_a_separate_split(problem):
+    model = overconfident_classifier()
+    fitted = CalibratedModel.fit(model, problem["train"], method="tst", validation_data=problem["validation"],
+                                 temperature_data=problem["test"], temperature=True, epochs=5, lr=3e-3, progress=False)
+    temperature = fitted.fit_summary["temperature"]
+    assert temperature["fitted_on"].startswith("TensorDataset") and temperature["temperature"] != 1.0
+    assert fitted.calibrator.log_temperature.exp().item() == pytest.approx(temperature["temperature"], rel=1e-6)
+
+
+def test_features_stream_from_disk_shards(problem, tmp_path):
+    model = overconfident_classifier()
+    fitted = CalibratedModel.fit(model, problem["train"], method="tst", validation_data=problem["validation"], epochs=3,
+                                 feature_cache_dir=str(tmp_path), progress=False)
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == ["features-00000.safetensors"]
+    assert fitted.fit_summary["train_samples"] == 1500
+    store = FeatureStore(tmp_path / "multi", shard_rows=100)
+    features = torch.arange(350 * 3, dtype=torch.float32).reshape(350, 3)
+    for start in range(0, 350, 70):
+        store.append(features[start : start + 70], torch.arange(start, start + 70))
+    store.finish()
+    assert len(list((tmp_path / "multi").iterdir())) == 3  # shards of 140, 140 and 70 rows
+    seen = torch.cat([labels for _, labels in store.batches(64, torch.Generator().manual_seed(0))])
+    assert sorted(seen.tolist()) == list(range(350))  # every row once per epoch
+    assert torch.equal(store.tensors()[0], features)
+
+
+def test_heads_need_validation_or_holdout(problem):
+    with pytest.raises(ValueError, match="validation_data=... or holdout_fraction > 0"):
+        CalibratedModel.fit(overconfident_classifier(), problem["train"], method="tst", holdout_fraction=0.0, progress=False)
