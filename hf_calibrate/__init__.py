@@ -8,11 +8,13 @@ from . import calibrators, metrics
 from .calibrators import CALIBRATORS
 from .fitting import EngineOptions
 from .modeling import CalibratedConfig, CalibratedModel, register_auto_classes
+from .serialization import ArtifactError
 from .version import __version__
 
 register_auto_classes()
 
 __all__ = [
+    "ArtifactError",
     "CALIBRATORS",
     "CalibratedConfig",
     "CalibratedModel",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -37,9 +38,10 @@ TABLE_METRICS = (
     ("brier", "Brier"),
 )
 DEMO_METRICS = ("accuracy", "ece", "ada_ece", "nll", "brier")
+#: EngineOptions fields with a command-line flag of the same name
+FLAG_OPTIONS = ("batch_size", "seed", "mixed_precision", "image_column", "text_column", "label_column", "max_length")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 TABLE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-LABEL_COLUMNS = ("labels", "label")
 # Error types that describe a problem with the user's input, printed without "unexpected".
 USER_ERRORS: Tuple[type, ...] = (ValueError, TypeError, OSError, ImportError, FloatingPointError)
 
@@ -88,34 +90,34 @@ def parse_option(text: str) -> Tuple[str, Any]:
 
 
 def fit_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The ``**options`` of ``CalibratedModel.fit``: ``--option`` pairs and the common flags."""
+    """The ``**options`` of ``CalibratedModel.fit``: ``--option`` pairs and the flags that were given."""
     options: Dict[str, Any] = {}
     for key, value in args.option:
         if key in options:
             raise UserError(f"--option {key}=... is given twice.")
         options[key] = value
-    for key, value in engine_flags(args).items():
+    for key, value in flag_options(args).items():
         if key in options and options[key] != value:
             raise UserError(f"{key} is given both as --option and as --{key.replace('_', '-')}.")
         options[key] = value
     return options
 
 
-def engine_flags(args: argparse.Namespace) -> Dict[str, Any]:
-    """Engine options set by flags (``--batch-size``, ``--seed``, ...), left out when not given."""
-    flags = {"batch_size": args.batch_size, "seed": getattr(args, "seed", None), "mixed_precision": args.mixed_precision}
-    flags = {key: value for key, value in flags.items() if value is not None}
+def flag_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """Engine and data options set by flags (``--batch-size``, ``--label-column``, ...), left out when not given."""
+    options = {name: getattr(args, name, None) for name in FLAG_OPTIONS}
+    options = {name: value for name, value in options.items() if value is not None}
     if not args.progress:
-        flags["progress"] = False
-    return flags
+        options["progress"] = False
+    return options
 
 
-def data_flags(args: argparse.Namespace) -> Dict[str, Any]:
-    """Column names and truncation length for ``prepare_data``."""
-    return {
-        "image_column": args.image_column, "text_column": args.text_column,
-        "label_column": args.label_column, "max_length": args.max_length,
-    }
+def engine_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options of ``options`` that every fit and evaluation takes (``EngineOptions`` fields)."""
+    from .fitting import EngineOptions
+
+    names = {field.name for field in dataclasses.fields(EngineOptions)}
+    return {name: value for name, value in options.items() if name in names}
 
 
 def _common_arguments() -> argparse.ArgumentParser:
@@ -124,7 +126,6 @@ def _common_arguments() -> argparse.ArgumentParser:
     group.add_argument("--batch-size", type=int, help="samples per batch over all processes (default: the library's, 1000)")
     group.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), help="autocast for the base model's forward pass")
     group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    group.add_argument("--token", help="hub token (default: HF_TOKEN or the stored login)")
     group.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return common
 
@@ -137,6 +138,7 @@ def _model_arguments(parser: argparse.ArgumentParser, *, calibrated_too: bool) -
         help=f"{kinds}a local folder or hub repo id of a timm or transformers classifier, or a timm architecture name",
     )
     group.add_argument("--revision", help="hub revision (branch, tag or commit) of --model")
+    group.add_argument("--token", help="hub token for --model and pushes (default: HF_TOKEN or the stored login)")
     group.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=True,
                        help="timm architecture names: load the pretrained weights (default) or random ones")
     group.add_argument("--num-classes", type=int, help="timm architecture names: number of classes of the new head")
@@ -155,6 +157,13 @@ def _data_arguments(parser: argparse.ArgumentParser, split_help: str) -> None:
     group.add_argument("--label-column", help="label column (default: 'labels' or 'label')")
     group.add_argument("--max-length", type=int, help="tokenizer truncation length for text (default: the tokenizer's)")
 
+
+MAIN_EPILOG = """examples:
+  hf-calibrate demo                  # Neural Clamping and temperature scaling on two real models, offline
+  hf-calibrate fit --model ./my-vit --dataset ./digits --eval-split test --method temperature --output ./vit-ts
+  hf-calibrate evaluate --model ./vit-ts --dataset ./digits --split test --diagram reliability.png
+
+'hf-calibrate <command> --help' shows a command's options and more examples."""
 
 FIT_EPILOG = """examples:
   hf-calibrate fit --model ./my-vit --dataset ./digits --split calibration --eval-split test \\
@@ -178,7 +187,7 @@ DEMO_EPILOG = """examples:
   hf-calibrate demo --models cnn --output /tmp/demo
   hf-calibrate demo --quick                # a smaller, faster configuration
 
-The models are trained once on the first run (about a few minutes on a laptop CPU) and cached in
+The models are trained on the first run (a few minutes on a laptop CPU) and cached in
 $HF_CALIBRATE_CACHE (default ~/.cache/hf_calibrate/zoo)."""
 
 
@@ -190,8 +199,7 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog=PROG,
         description="Calibrate timm and transformers classifiers: fit a calibration, evaluate it, run the demo.",
-        epilog="run 'hf-calibrate demo' to see Neural Clamping and temperature scaling on two real models;\n"
-        "'hf-calibrate <command> --help' shows a command's options and examples.",
+        epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -238,7 +246,7 @@ def build_parser() -> ArgumentParser:
     demo.add_argument("--output", type=Path, default=Path("demo_output"), help="output folder (default: ./demo_output)")
     demo.add_argument("--models", default=",".join(DEMO_MODELS), type=_demo_model_list,
                       help=f"comma-separated subset of {','.join(DEMO_MODELS)} (default: all)")
-    demo.add_argument("--quick", action="store_true", help="a small configuration (data subsets, 2 NC epochs) for tests")
+    demo.add_argument("--quick", action="store_true", help="a smaller configuration (for tests; noisy numbers)")
     demo.add_argument("--cache-dir", type=Path, help="zoo cache (default: $HF_CALIBRATE_CACHE or ~/.cache/hf_calibrate/zoo)")
     demo.set_defaults(handler=run_demo)
     return parser
@@ -291,7 +299,7 @@ def load_model(spec: str, *, revision: Optional[str], token: Optional[str], pret
     try:
         folder = _hub.resolve_folder(spec, revision=revision, token=token)
     except _hub.ArtifactError as error:
-        raise UserError(f"unknown model {spec!r}: not a local folder, a timm architecture or a loadable hub repo. {error}") from error
+        raise UserError(f"unknown model {spec!r} (not a timm architecture name either): {error}") from error
     return _load_folder(folder, spec, token=token)
 
 
@@ -447,7 +455,7 @@ def align_labels(data: Any, label_column: Optional[str], backbone: Any) -> Any:
         return _align_class_names(data, column, feature.names, backbone)
     if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
         raise UserError(f"label column {column!r} holds {feature}; it must hold class indices or class names.")
-    labels = data[column]
+    labels = list(data[column])
     if labels and (min(labels) < 0 or max(labels) >= backbone.num_classes):
         raise UserError(
             f"labels in column {column!r} range from {min(labels)} to {max(labels)}, but the model has "
@@ -457,14 +465,16 @@ def align_labels(data: Any, label_column: Optional[str], backbone: Any) -> Any:
 
 
 def _label_column(data: Any, given: Optional[str]) -> str:
+    from .data import LABEL_KEYS
+
     columns = list(data.column_names)
     if given is not None:
         if given not in columns:
             raise UserError(f"the dataset has no label column {given!r}; its columns are {columns}.")
         return given
-    found = next((name for name in LABEL_COLUMNS if name in columns), None)
+    found = next((name for name in LABEL_KEYS if name in columns), None)
     if found is None:
-        raise UserError(f"the dataset has no label column (looked for {list(LABEL_COLUMNS)} among {columns}); "
+        raise UserError(f"the dataset has no label column (looked for {list(LABEL_KEYS)} among {columns}); "
                         "name it with --label-column.")
     return found
 
@@ -492,12 +502,15 @@ def _align_class_names(data: Any, column: str, names: List[str], backbone: Any) 
     return data.align_labels_with_mapping({name: index for index, name in enumerate(model_names)}, column)
 
 
-def load_data(args: argparse.Namespace, backbone: Any, state: Any, splits_wanted: Dict[str, Tuple[Optional[str], Sequence[str], str]]) -> Dict[str, Any]:
+def load_data(
+    args: argparse.Namespace, backbone: Any, state: Any, label_column: Optional[str],
+    splits_wanted: Dict[str, Tuple[Optional[str], Sequence[str], str]],
+) -> Dict[str, Any]:
     """The splits named in ``splits_wanted`` (role → (requested, preferred, flag)), labels aligned to the model."""
     with state.main_process_first():
         splits = load_splits(args.dataset, token=args.token)
         return {
-            role: align_labels(select_split(splits, requested, preferred, flag), args.label_column, backbone)
+            role: align_labels(select_split(splits, requested, preferred, flag), label_column, backbone)
             for role, (requested, preferred, flag) in splits_wanted.items()
         }
 
@@ -505,16 +518,16 @@ def load_data(args: argparse.Namespace, backbone: Any, state: Any, splits_wanted
 # ============================================================================ output
 
 
-def check_writable(path: Path, what: str) -> None:
-    """Fail early (before any compute) if ``path`` cannot be written: its folder is created and probed."""
-    if path.exists() and not path.is_dir() and what == "folder":
-        raise UserError(f"--output {path} exists and is not a folder.")
+def check_writable(path: Path, flag: str, *, folder: bool) -> None:
+    """Fail early, before any compute, when ``path`` (a folder or a file) cannot be written."""
+    if path.exists() and path.is_dir() != folder:
+        raise UserError(f"{flag} {path} exists and is {'not ' if folder else ''}a folder.")
     parent = path.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryDirectory(dir=parent).cleanup()
+        tempfile.TemporaryDirectory(dir=parent).cleanup()  # saving writes a sibling, then renames it
     except OSError as error:
-        raise UserError(f"cannot write the output {what} {path}: {error.strerror or error} ({parent}).") from error
+        raise UserError(f"cannot write {flag} {path}: {error.strerror or error} (in {parent}).") from error
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -559,10 +572,14 @@ def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
 
 
 def process_state() -> Any:
-    """Accelerate's process state (sets up the process group under torchrun / accelerate launch)."""
-    from accelerate import PartialState
+    """The ``Accelerator`` of this process (sets up the process group under torchrun / accelerate launch).
 
-    return PartialState()
+    Made as the fits make theirs, so that environment settings such as ``ACCELERATE_USE_CPU``
+    apply (a bare ``PartialState()`` ignores them).
+    """
+    from accelerate import Accelerator
+
+    return Accelerator()
 
 
 def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
@@ -574,7 +591,7 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
     options = fit_options(args)
     if args.output is not None and state.is_main_process:
-        check_writable(args.output, "folder")
+        check_writable(args.output, "--output", folder=True)
     with state.main_process_first():
         loaded = load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained, num_classes=args.num_classes)
     if loaded.calibrated:
@@ -585,15 +602,15 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
         wanted["validation"] = (args.validation_split, (), "--validation-split")
     if args.eval_split:
         wanted["evaluation"] = (args.eval_split, (), "--eval-split")
-    data = load_data(args, backbone, state, wanted)
+    data = load_data(args, backbone, state, options.get("label_column"), wanted)
     calibrated = CalibratedModel.fit(
         loaded.model, data["calibration"], method=args.method, validation_data=data.get("validation"),
-        preprocessor=loaded.preprocessor, **data_flags(args), **options,
+        **{"preprocessor": loaded.preprocessor, **options},
     )
     evaluation_data = data.get("evaluation", data["calibration"])
     evaluation = calibrated.evaluate(
         evaluation_data, dataset_name=dataset_display_name(args.dataset), split=str(evaluation_data.split or ""),
-        **data_flags(args), **engine_flags(args),
+        **engine_options(options),
     )
     console.result(f"{args.method} calibration of {args.model} on {dataset_display_name(args.dataset)} "
                    f"({evaluation_data.split}, {len(evaluation_data)} samples):")
@@ -620,13 +637,14 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     from .backbones import adapt
 
     if args.diagram is not None and state.is_main_process:
-        check_writable(args.diagram, "file")
+        check_writable(args.diagram, "--diagram", folder=False)
     with state.main_process_first():
         loaded = load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained, num_classes=args.num_classes)
     if args.push_results and not loaded.calibrated:
         raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
-    data = load_data(args, adapt(loaded.base), state, {"evaluation": (args.split, ("test",), "--split")})["evaluation"]
-    options = dict(preprocessor=loaded.preprocessor, **data_flags(args), **engine_flags(args))
+    wanted = {"evaluation": (args.split, ("test",), "--split")}
+    data = load_data(args, adapt(loaded.base), state, args.label_column, wanted)["evaluation"]
+    options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
     naming = dict(dataset_name=dataset_display_name(args.dataset), split=str(data.split or ""), n_bins=args.n_bins)
     if loaded.calibrated:
         evaluation = loaded.model.evaluate(data, **naming, **options)
@@ -643,7 +661,7 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     if args.push_results and state.is_main_process:
         from . import _hub
 
-        commit = _hub.push_evaluation_results(args.push_results, evaluation, token=args.token, revision=args.revision)
+        commit = _hub.push_evaluation_results(args.push_results, evaluation, token=args.token)
         console.note(f"pushed the results to {args.push_results}: {getattr(commit, 'commit_url', commit)}")
 
 
@@ -678,32 +696,45 @@ def evaluate_plain_model(model: Any, data: Any, *, n_bins: int, dataset_name: st
 
 
 @dataclasses.dataclass(frozen=True)
-class DemoSpec:
-    """One model of the demo and how it is calibrated.
+class DemoConfig:
+    """How much of a zoo model's data the demo uses, and its Neural Clamping schedule.
 
     Attributes:
-        build: the zoo function (name in :mod:`hf_calibrate.demo`).
-        dataset: the data set's name in tables and cards.
-        neural_clamping: Neural Clamping options of the demo (a short schedule).
-        quick: ``--quick``: calibration / test subset sizes and NC options that replace the above.
+        calibration, test: sizes of stratified subsets of the splits (None: the whole split).
+        max_length: text models: tokens per article; the tokenizer is saved with it, so the
+            calibrated model is used on inputs like those it was calibrated on.
+        neural_clamping: Neural Clamping and engine options (a short schedule).
     """
+
+    calibration: Optional[int]
+    test: Optional[int]
+    max_length: Optional[int]
+    neural_clamping: Dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSpec:
+    """One model of the demo: its zoo function (in :mod:`hf_calibrate.demo`), data name and configurations."""
 
     build: str
     dataset: str
-    neural_clamping: Dict[str, Any]
-    quick: Dict[str, Any]
+    full: DemoConfig
+    quick: DemoConfig
 
 
+# Sized for about a minute on 2 CPU cores once the zoo is cached; MiniLM's Neural Clamping
+# (a forward and an input-gradient backward through the transformer per sample and epoch)
+# dominates, hence the subsets and the 64-token articles.
 DEMO_MODELS: Dict[str, DemoSpec] = {
     "minilm": DemoSpec(
         build="bbc_minilm", dataset="BBC News",
-        neural_clamping={"epochs": 5, "batch_size": 64, "eval_every": 1},
-        quick={"calibration": 60, "test": 100, "neural_clamping": {"epochs": 2, "batch_size": 32, "eval_every": 1}},
+        full=DemoConfig(calibration=300, test=300, max_length=64, neural_clamping={"epochs": 2, "batch_size": 16}),
+        quick=DemoConfig(calibration=60, test=60, max_length=32, neural_clamping={"epochs": 1, "batch_size": 16}),
     ),
     "cnn": DemoSpec(
         build="digits_timm_cnn", dataset="scikit-learn digits",
-        neural_clamping={"epochs": 40, "batch_size": 128, "gamma": [0.0, 1.0, 2.0]},
-        quick={"calibration": 200, "test": 200, "neural_clamping": {"epochs": 2, "batch_size": 100, "eval_every": 1}},
+        full=DemoConfig(calibration=None, test=None, max_length=None, neural_clamping={"epochs": 8, "batch_size": 64}),
+        quick=DemoConfig(calibration=200, test=200, max_length=None, neural_clamping={"epochs": 2, "batch_size": 64}),
     ),
 }
 DEMO_METHODS = ("temperature", "neural_clamping")
@@ -724,6 +755,15 @@ def _demo_subset(split: Any, size: Optional[int], seed: int = 0) -> Any:
     return split.train_test_split(train_size=size, stratify_by_column="label", seed=seed)["train"]
 
 
+def _demo_preprocessor(preprocessor: Any, max_length: Optional[int]) -> Any:
+    """The zoo model's preprocessor; for text, a copy of the tokenizer that truncates at ``max_length``."""
+    if max_length is None:
+        return preprocessor
+    tokenizer = copy.deepcopy(preprocessor)
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
 def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate demo``: TS and Neural Clamping on the zoo models, one table, saved models."""
     from . import demo as zoo
@@ -731,28 +771,36 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
 
     start = time.perf_counter()
     if state.is_main_process:
-        check_writable(args.output, "folder")
-    rows = []
+        check_writable(args.output, "--output", folder=True)
+    rows, settings = [], []
     for position, key in enumerate(args.models, 1):
         spec = DEMO_MODELS[key]
-        console.note(f"[{position}/{len(args.models)}] loading {key} (trained on the first run, then cached)...")
+        config = spec.quick if args.quick else spec.full
+        console.note(f"[{position}/{len(args.models)}] {key}: loading the zoo model (trained on the first run, then cached)")
         with state.main_process_first():
             model = getattr(zoo, spec.build)(cache_dir=args.cache_dir, progress=args.progress)
-        calibration = _demo_subset(model.dataset["calibration"], spec.quick["calibration"] if args.quick else None)
-        test = _demo_subset(model.dataset["test"], spec.quick["test"] if args.quick else None)
-        nc_options = spec.quick["neural_clamping"] if args.quick else spec.neural_clamping
+        calibration = _demo_subset(model.dataset["calibration"], config.calibration)
+        test = _demo_subset(model.dataset["test"], config.test)
+        preprocessor = _demo_preprocessor(model.preprocessor, config.max_length)
+        settings.append(_demo_settings(model.name, config, calibration, test))
         for method in DEMO_METHODS:
-            options = nc_options if method == "neural_clamping" else {}
-            console.note(f"    {model.name}: fitting {method} on {len(calibration)} calibration samples...")
+            options = config.neural_clamping if method == "neural_clamping" else {}
+            console.note(f"[{position}/{len(args.models)}] {key}: {method} on {len(calibration)} calibration samples")
             calibrated = CalibratedModel.fit(
-                model.model, calibration, method=method, preprocessor=model.preprocessor, **engine_flags(args), **options
+                model.model, calibration, method=method, preprocessor=preprocessor, **{**flag_options(args), **options}
             )
-            evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", **engine_flags(args))
+            evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", **flag_options(args))
             calibrated.save_pretrained(args.output / model.name / method, is_main_process=state.is_main_process)
             rows.append(_demo_row(model.name, method, evaluation))
-    console.result(_demo_report(rows, args))
-    console.note(f"calibrated models, model cards and reliability diagrams: {args.output}/<model>/<method>/ "
-                 f"({time.perf_counter() - start:.1f} s)")
+    console.result(_demo_report(rows, settings, args.quick))
+    console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>/<method>/ "
+                 f"(demo took {time.perf_counter() - start:.0f} s)")
+
+
+def _demo_settings(name: str, config: DemoConfig, calibration: Any, test: Any) -> str:
+    tokens = f", articles truncated to {config.max_length} tokens" if config.max_length else ""
+    schedule = ", ".join(f"{key}={value}" for key, value in config.neural_clamping.items())
+    return f"  {name}: {len(calibration)} calibration / {len(test)} test samples{tokens}; Neural Clamping {schedule}"
 
 
 def _demo_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
@@ -760,23 +808,20 @@ def _demo_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
     return [model, method, str(after["num_samples"]), *(f"{before[key]:.4f} → {after[key]:.4f}" for key in DEMO_METRICS)]
 
 
-def _demo_report(rows: List[List[str]], args: argparse.Namespace) -> str:
+def _demo_report(rows: List[List[str]], settings: List[str], quick: bool) -> str:
     titles = dict(TABLE_METRICS)
     header = ["model", "method", "test n", *(titles[key] for key in DEMO_METRICS)]
-    settings = "; ".join(
-        f"{key}: {json.dumps(DEMO_MODELS[key].quick['neural_clamping'] if args.quick else DEMO_MODELS[key].neural_clamping)}"
-        for key in args.models
-    )
-    lines = [
-        "Calibration on the test split, uncalibrated → calibrated (lower is better except accuracy):",
+    return "\n".join([
+        "",
+        "Test-split metrics, uncalibrated → calibrated (lower is better except accuracy):",
         format_table(header, rows),
         "",
-        f"The demo uses a short Neural Clamping schedule ({settings}); the library default is 500 SGD steps "
-        "with batch 1000. Selection on 20 % of the calibration data falls back to temperature scaling when δ does not help.",
-    ]
-    if args.quick:
-        lines.append("--quick: calibration and test data are stratified subsets; numbers are noisy.")
-    return "\n".join(lines)
+        "The demo uses a short Neural Clamping schedule and data subsets to run in about a minute on a laptop CPU"
+        + (" (--quick: even smaller; the numbers are noisy)" if quick else "") + ":",
+        *settings,
+        "The library's default is 500 SGD steps; 20 % of the calibration data select the epoch and fall back to "
+        "temperature scaling when δ does not help there.",
+    ])
 
 
 # ============================================================================ entry point

@@ -40,7 +40,6 @@ from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_op
 from .data import prepare_data
 from .fitting import Engine, EngineOptions, fit_calibrator
 from .metrics import CalibrationMetrics, ReliabilityBins
-from .serialization import ArtifactError
 from .version import __version__
 
 TASKS = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}

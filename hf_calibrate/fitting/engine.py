@@ -93,6 +93,12 @@ class Engine:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
+        if _distributed.world_size() != self.world:
+            raise RuntimeError(
+                f"torch.distributed runs {_distributed.world_size()} processes but Accelerate reports {self.world}: "
+                "Accelerate's state was created before the process group (e.g. a bare PartialState() under torchrun "
+                "without ACCELERATE_USE_CPU on CPU). Create accelerate.Accelerator() first, or pass accelerator=...."
+            )
         precision = options.mixed_precision or str(self.accelerator.mixed_precision)
         self.amp_dtype = MIXED_PRECISION.get(precision)
         if self.amp_dtype is torch.float16 and self.device.type == "cpu":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -163,6 +164,7 @@ def fit_head(
     best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
     with engine.progress(options.epochs, f"training head ({calibrator.method})") as bar:
         for epoch in range(1, options.epochs + 1):
+            started = time.perf_counter()
             head.train()
             total, seen = 0.0, 0
             for features, labels in train_store.batches(options.head_batch_size, generator):
@@ -175,8 +177,9 @@ def fit_head(
                 optimizer.step()
                 total += loss.item() * len(labels)
                 seen += len(labels)
+            seconds = time.perf_counter() - started
             head.eval()
-            record = {"epoch": epoch, "train_loss": total / max(seen, 1), **_evaluate(head, val_features, val_labels)}
+            record = {"epoch": epoch, "train_loss": total / max(seen, 1), "seconds": seconds, **_evaluate(head, val_features, val_labels)}
             if isinstance(calibrator, MaskedClassifierHead):
                 record["retention"] = float(head.retention)
                 head.retention.fill_(calibrator.next_retention(record["retention"], record["confidence_gap"], options))

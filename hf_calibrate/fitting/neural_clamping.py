@@ -17,7 +17,8 @@ Procedure (DESIGN §3):
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+import time
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -121,10 +122,12 @@ def fit_neural_clamping(
             log_t = torch.nn.Parameter(start_log_t.clone())
             optimizer = torch.optim.SGD([delta, log_t], lr=options.lr, momentum=options.momentum)
             for epoch in range(1, epochs + 1):
+                started = time.perf_counter()
                 loss = _train_epoch(backbone, data, fit_indices, delta, log_t, optimizer, gamma, weight, epoch, options, engine, bar)
                 record = {
                     "gamma": gamma, "delta_weight": weight, "epoch": epoch, "loss": loss,
                     "delta_norm": float(delta.detach().norm()), "temperature": float(log_t.detach().exp()),
+                    "seconds": time.perf_counter() - started,
                 }
                 if has_holdout and (epoch % eval_every == 0 or epoch == epochs):
                     logits, labels = engine.collect_logits(backbone, validation, holdout_indices, delta=delta.detach(), description="held-out check")
@@ -178,7 +181,7 @@ def _train_epoch(
         optimizer.zero_grad(set_to_none=True)
         batch_size = len(global_batches[number])
         loss_sum = torch.zeros((), device=engine.device)
-        for part, (indices, inputs, labels) in enumerate(micro_batches):
+        for part, (_, inputs, labels) in enumerate(micro_batches):
             if augment:
                 generator = engine.generator(epoch, number, part, engine.rank)
                 inputs[backbone.input_key] = augment(inputs[backbone.input_key], generator)
@@ -222,7 +225,7 @@ def _initial_delta(
     delta = torch.zeros(shape, device=engine.device, requires_grad=True)
     global_batches = engine.global_batches(fit_indices, shuffle=False)
     for _, micro_batches in engine.batches(data, global_batches):
-        for indices, inputs, labels in micro_batches:
+        for _, inputs, _ in micro_batches:
             with engine.autocast():
                 logits = backbone.logits(inputs, delta)
             (logits.float().sum() * torch.exp(-log_t) / len(fit_indices)).backward()

@@ -1,0 +1,249 @@
+"""The ``hf-calibrate`` command line, driven as a subprocess on real models and real data.
+
+The model is the zoo's timm CNN trained on scikit-learn digits (a timm ``local-dir`` folder);
+the data are its calibration and test splits written as image folders
+(``<split>/<class>/<n>.png``), exactly what a user would point the command at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from hf_calibrate.cli import main, parse_option
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ERROR_PREFIX = "hf-calibrate: error:"
+
+
+def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m hf_calibrate.cli ARGS`` in a fresh process (the console script's entry point)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hf_calibrate.cli", *args], capture_output=True, text=True, timeout=timeout,
+        env=env if env is not None else dict(os.environ), cwd=REPO_ROOT,
+    )
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Non-zero exit, exactly one ``hf-calibrate: error:`` line on stderr, no traceback; returns the line."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- data on disk
+
+
+def write_image_folder(root: Path, splits: Dict[str, object], class_names: Optional[List[str]] = None) -> Path:
+    """Write ``datasets`` splits with ``image``/``label`` columns as ``root/<split>/<class>/<n>.png``."""
+    for split, rows in splits.items():
+        names = class_names or rows.features["label"].names
+        for number, (image, label) in enumerate(zip(rows["image"], rows["label"])):
+            folder = root / split / names[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            image.save(folder / f"{number}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits_folder(digits_cnn, tmp_path_factory) -> Path:
+    dataset = digits_cnn.dataset
+    return write_image_folder(tmp_path_factory.mktemp("digits"), {"calibration": dataset["calibration"], "test": dataset["test"]})
+
+
+@pytest.fixture(scope="module")
+def fitted(digits_cnn, digits_folder, hub_server, tmp_path_factory) -> Dict[str, object]:
+    """One Neural Clamping fit through the CLI (1 epoch), saved to a folder and pushed to the test Hub."""
+    output = tmp_path_factory.mktemp("fit") / "calibrated"
+    repo_id = hub_server.unique_repo_id("cli-digits-nc")
+    with hub_server.configure_client():
+        result = run_cli(
+            "fit", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--split", "calibration",
+            "--eval-split", "test", "--method", "neural_clamping", "--option", "epochs=1", "--option", "gamma=[0,1]",
+            "--batch-size", "200", "--output", str(output), "--push-to-hub", repo_id, "--no-progress",
+        )
+    assert_ok(result)
+    return {"output": output, "repo_id": repo_id, "stdout": result.stdout}
+
+
+def evaluate_json(model: str, dataset: Path, split: str, *extra: str, env: Optional[Dict[str, str]] = None) -> dict:
+    result = run_cli("evaluate", "--model", model, "--dataset", str(dataset), "--split", split, "--json", "--no-progress", *extra, env=env)
+    assert_ok(result)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def local_evaluation(fitted, digits_folder) -> dict:
+    """``evaluate --json`` of the fitted folder on the test split."""
+    return evaluate_json(str(fitted["output"]), digits_folder, "test")
+
+
+# ----------------------------------------------------------------------------- the happy path
+
+
+def test_option_values_are_json_when_they_parse():
+    assert parse_option("gamma=[0,1,2]") == ("gamma", [0, 1, 2])
+    assert parse_option("epochs=5") == ("epochs", 5)
+    assert parse_option("augment=true") == ("augment", True)
+    assert parse_option("select-metric=nll") == ("select_metric", "nll")
+
+
+def test_fit_saves_model_card_diagram_and_prints_the_table(fitted):
+    output = fitted["output"]
+    for name in ("README.md", "calibration_config.json", "calibration.safetensors", "reliability_diagram.png", "model.safetensors"):
+        assert (output / name).is_file(), name
+    record = json.loads((output / "calibration_config.json").read_text())
+    assert record["method"] == "neural_clamping"
+    assert record["options"]["epochs"] == 1 and record["options"]["gamma"] == [0.0, 1.0]
+    assert record["evaluation"]["split"] == "test"
+    stdout = fitted["stdout"]
+    for title in ("accuracy", "ECE", "AdaECE", "classwise ECE", "NLL", "Brier"):
+        assert any(line.startswith(title + " ") for line in stdout.splitlines()), title
+    ece_line = next(line for line in stdout.splitlines() if line.startswith("ECE "))
+    before, after = (float(value) for value in ece_line.split()[1:3])
+    assert (before, after) == (
+        round(record["evaluation"]["uncalibrated"]["ece"], 4), round(record["evaluation"]["calibrated"]["ece"], 4)
+    )
+    assert "calibration split" not in stdout  # an evaluation split was given
+
+
+def test_evaluate_then_evaluate_again_from_the_pushed_repo(fitted, local_evaluation, digits_folder, hub_online):
+    """fit and push (fixture) → evaluate the folder → evaluate from the repo id: the same numbers."""
+    output, local = fitted["output"], local_evaluation
+    record = json.loads((output / "calibration_config.json").read_text())
+    for side in ("uncalibrated", "calibrated"):
+        for key, value in record["evaluation"][side].items():
+            assert local[side][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (side, key)
+    assert f"pushed to {fitted['repo_id']}" in fitted["stdout"]
+
+    remote = evaluate_json(fitted["repo_id"], digits_folder, "test", env=dict(os.environ))
+    for side in ("uncalibrated", "calibrated"):
+        assert remote[side] == pytest.approx(local[side], rel=1e-9, abs=1e-12), side
+    assert remote["split"] == "test" and remote["dataset"] == local["dataset"]
+
+
+def test_push_results_rewrites_the_card_metadata(fitted, digits_folder, hub_online):
+    from huggingface_hub import ModelCard
+
+    result = run_cli(
+        "evaluate", "--model", str(fitted["output"]), "--dataset", str(digits_folder), "--split", "calibration",
+        "--push-results", fitted["repo_id"], "--no-progress", env=dict(os.environ),
+    )
+    assert_ok(result)
+    card = ModelCard.load(fitted["repo_id"])
+    assert {entry.dataset_split for entry in card.data.eval_results} == {"calibration"}
+    ece = {entry.metric_config: entry.metric_value for entry in card.data.eval_results if entry.metric_type == "ece"}
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("ECE "))
+    assert [float(v) for v in printed.split()[1:3]] == [round(ece["uncalibrated"], 4), round(ece["calibrated"], 4)]
+
+
+def test_evaluate_plain_model_reports_the_base_metrics(local_evaluation, digits_cnn, digits_folder, tmp_path):
+    diagram = tmp_path / "plain.png"
+    plain = evaluate_json(str(digits_cnn.path), digits_folder, "test", "--diagram", str(diagram))
+    assert "calibrated" not in plain
+    assert plain["uncalibrated"] == pytest.approx(local_evaluation["uncalibrated"], rel=1e-6, abs=1e-9)
+    assert diagram.read_bytes().startswith(b"\x89PNG")
+
+
+def test_text_model_with_class_names_as_labels(bbc_minilm, tmp_path):
+    """A transformers folder and CSV files holding two of the five classes by name: labels are matched by name."""
+    names = bbc_minilm.dataset["train"].features["label"].names
+    wanted = [names.index("sports"), names.index("tech")]
+    for split in ("calibration", "test"):
+        rows = bbc_minilm.dataset[split].filter(lambda row: row["label"] in wanted).shuffle(seed=0).select(range(30))
+        rows.map(lambda row: {"topic": names[row["label"]]}).remove_columns("label").to_csv(tmp_path / f"{split}.csv")
+    output = tmp_path / "minilm-ts"
+    assert_ok(run_cli(
+        "fit", "--model", str(bbc_minilm.path), "--dataset", str(tmp_path), "--label-column", "topic", "--max-length", "64",
+        "--method", "temperature", "--output", str(output), "--no-progress",
+    ))
+    assert (output / "tokenizer_config.json").is_file() and (output / "base" / "config.json").is_file()
+    result = evaluate_json(str(output), tmp_path, "test", "--label-column", "topic", "--max-length", "64")
+    assert result["calibrated"]["num_samples"] == 30
+    assert result["uncalibrated"]["accuracy"] > 0.8  # ~0 if "sports"/"tech" were read as classes 0/1
+
+
+# ----------------------------------------------------------------------------- user errors
+
+
+def _fit_args(model: str, dataset: str, output: str, *extra: str) -> List[str]:
+    return ["fit", "--model", model, "--dataset", dataset, "--method", "temperature", "--output", output, "--no-progress", *extra]
+
+
+def test_unknown_model(tmp_path, digits_folder):
+    result = run_cli(*_fit_args("no-such-model-xyz", str(digits_folder), str(tmp_path / "out")))
+    assert_user_error(result, "no-such-model-xyz")
+
+
+def test_unreadable_dataset(tmp_path, digits_cnn):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.md").write_text("no data here\n")
+    result = run_cli(*_fit_args(str(digits_cnn.path), str(empty), str(tmp_path / "out")))
+    assert_user_error(result, str(empty), "not a dataset folder")
+
+
+def test_missing_label_column(tmp_path, digits_cnn):
+    table = tmp_path / "calibration.csv"
+    table.write_text("text,category\nhello,a\nworld,b\n")
+    result = run_cli(*_fit_args(str(digits_cnn.path), str(table), str(tmp_path / "out")))
+    assert_user_error(result, "no label column", "--label-column")
+
+
+def test_labels_not_matching_the_model(tmp_path, digits_cnn):
+    calibration = digits_cnn.dataset["calibration"]
+    rows = calibration.select([index for index, label in enumerate(calibration["label"]) if label < 2][:20])
+    folder = write_image_folder(tmp_path / "pets", {"calibration": rows}, class_names=["cat", "dog"])
+    result = run_cli(*_fit_args(str(digits_cnn.path), str(folder), str(tmp_path / "out")))
+    assert_user_error(result, "'cat'", "'dog'", "labels of the model")
+
+
+def _unwritable_folder(tmp_path: Path) -> Path:
+    if os.geteuid() == 0:  # root ignores permission bits; /sys refuses new folders even to root
+        return Path("/sys/hf_calibrate_cli_test/out")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    return locked / "out"
+
+
+def test_no_write_permission_on_the_output(tmp_path, digits_cnn, digits_folder):
+    output = _unwritable_folder(tmp_path)
+    result = run_cli(*_fit_args(str(digits_cnn.path), str(digits_folder), str(output)))
+    assert_user_error(result, "cannot write --output", str(output))
+
+
+def test_usage_error_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--dataset", "x", "--output", "y"])
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and stderr.startswith(ERROR_PREFIX) and "--model" in stderr
+
+
+def test_debug_shows_the_traceback(tmp_path, digits_folder):
+    result = run_cli(*_fit_args("no-such-model-xyz", str(digits_folder), str(tmp_path / "out"), "--debug"))
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "UserError" in result.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["fit"], ["evaluate"], ["demo"]], ids=["main", "fit", "evaluate", "demo"])
+def test_help_shows_examples(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"hf-calibrate {command[0] if command else 'demo'}" in out

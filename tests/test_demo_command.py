@@ -1,0 +1,52 @@
+"""``hf-calibrate demo --quick`` end to end, as a subprocess on the cached zoo models."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_calibrate.cli import DEMO_METRICS, DEMO_METHODS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
+ROW = re.compile(r"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{4} → \d\.\d{4}\s*)+)$")
+
+
+@pytest.mark.slow
+def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tmp_path):
+    """bbc_minilm / digits_cnn: the zoo is trained (or found in the cache) before the timed run."""
+    output = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_calibrate.cli", "demo", "--quick", "--no-progress", "--output", str(output)],
+        capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "short Neural Clamping schedule" in result.stdout
+
+    rows = {}
+    for line in result.stdout.splitlines():
+        match = ROW.match(line.strip())
+        if match:
+            pairs = re.findall(r"(\d\.\d{4}) → (\d\.\d{4})", match["values"])
+            rows[match["model"], match["method"]] = (int(match["n"]), dict(zip(DEMO_METRICS, pairs)))
+    assert set(rows) == {(model, method) for model in MODELS for method in DEMO_METHODS}, result.stdout
+
+    for (model, method), (count, printed) in rows.items():
+        folder = output / model / method
+        card = (folder / "README.md").read_text(encoding="utf-8")
+        assert card.startswith("---") and "model-index" in card
+        assert (folder / "reliability_diagram.png").read_bytes().startswith(b"\x89PNG")
+        evaluation = json.loads((folder / "calibration_config.json").read_text())["evaluation"]
+        assert evaluation["split"] == "test" and evaluation["calibrated"]["num_samples"] == count
+        for key, (before, after) in printed.items():
+            assert float(before) == round(evaluation["uncalibrated"][key], 4), (model, method, key)
+            assert float(after) == round(evaluation["calibrated"][key], 4), (model, method, key)
+            assert f"{evaluation['calibrated'][key]:.4f}" in card  # the card's results table
+    # Both methods are evaluated on the same test rows with the same base model.
+    for model in MODELS:
+        assert rows[model, "temperature"][1]["ece"][0] == rows[model, "neural_clamping"][1]["ece"][0]
