@@ -5,7 +5,13 @@ does not import it.
 """
 
 from .data import load_bbc_news, load_digits
-from .models import DemoModel, bbc_minilm, default_cache_dir, digits_timm_cnn, digits_vit
+from .models import (
+    DemoModel,
+    bbc_minilm,
+    default_cache_dir,
+    digits_timm_cnn,
+    digits_vit,
+)
 
 __all__ = [
     "DemoModel",

