@@ -7,37 +7,33 @@ run, writes it to ``benchmarks/results/metrics.md``.
 
 Usage::
 
-    python benchmarks/bench_metrics.py            # full run (a few minutes, ~2 GB RAM)
-    python benchmarks/bench_metrics.py --quick    # 10× smaller arrays, prints only
+    python benchmarks/bench_metrics.py            # full run (a few minutes, ~2 GB RAM), 1 torch thread
+    python benchmarks/bench_metrics.py --quick    # 100× smaller arrays, prints only
+    python benchmarks/bench_metrics.py --threads 0  # torch's default thread count
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
-import os
-import platform
-import statistics
 import sys
-import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
-import torchmetrics
 from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.functional.classification import multiclass_calibration_error
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import netcal
+    import netcal  # noqa: F401  (its version goes into the report)
     from netcal.metrics import ECE as NetcalECE
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+from _report import Timing, fmt_bytes  # noqa: E402
+
 from hf_calibrate.metrics import CalibrationMetrics, expected_calibration_error  # noqa: E402
 from hf_calibrate.metrics._checks import prepare_inputs  # noqa: E402
 from hf_calibrate.metrics.functional import (  # noqa: E402
@@ -48,12 +44,7 @@ from hf_calibrate.metrics.functional import (  # noqa: E402
 
 N_BINS = 15
 BATCH = 10_000  # batch size fed to the streaming accumulators
-RESULTS = Path(__file__).resolve().parent / "results" / "metrics.md"
-THREADS_NOTE = (
-    "Threads pinned with `--threads`: on a machine whose cores are busy with other work, torch's "
-    "intra-op thread pool spends most of its time waiting for descheduled threads, which swamps "
-    "what is being measured."
-)
+NAME = "metrics"
 BASELINE = "torchmetrics functional"
 STREAM_BASELINE = "torchmetrics MulticlassCalibrationError"
 
@@ -108,11 +99,11 @@ def netcal_ece(probs: torch.Tensor, labels: torch.Tensor) -> float:
         return float(NetcalECE(bins=N_BINS).measure(probs.numpy(), labels.numpy()))
 
 
-def ours_streaming(adaptive: bool) -> Callable[[torch.Tensor, torch.Tensor], float]:
+def ours_streaming(adaptive: bool, classwise: bool = True) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """CalibrationMetrics fed per batch; compute() returns all its metrics, we report the ECE."""
 
     def run(probs: torch.Tensor, labels: torch.Tensor) -> float:
-        metrics = CalibrationMetrics(probs.shape[1], n_bins=N_BINS, adaptive=adaptive)
+        metrics = CalibrationMetrics(probs.shape[1], n_bins=N_BINS, adaptive=adaptive, classwise=classwise)
         for batch_probs, batch_labels in batches(probs, labels):
             metrics.update(batch_probs, batch_labels)
         return metrics.compute()["ece"]
@@ -135,6 +126,7 @@ CONTENDERS: Dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
     "netcal ECE": netcal_ece,
     "ours CalibrationMetrics (adaptive=False)": ours_streaming(False),
     "ours CalibrationMetrics (adaptive=True)": ours_streaming(True),
+    "ours CalibrationMetrics (adaptive=False, classwise=False)": ours_streaming(False, classwise=False),
     "ours streaming ECE statistics only": ours_streaming_ece_core,
     STREAM_BASELINE: torchmetrics_class,
 }
@@ -146,34 +138,15 @@ STREAMING = {
 # ----------------------------------------------------------------------------- timing
 
 
-@dataclass
-class Timing:
-    """Wall-clock seconds of every repeat of one contender on one array, and the value it returned."""
-
-    name: str
-    seconds: List[float] = field(default_factory=list)
-    value: float = float("nan")
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-
 def time_contenders(
     probs: torch.Tensor, labels: torch.Tensor, repeats: int, names: Sequence[str], netcal_repeats: int
 ) -> Dict[str, Timing]:
     """Interleaved rounds (each contender once per round) so background load hits all alike."""
-    timings = {name: Timing(name) for name in names}
-    for round_index in range(repeats):
-        for name in names:
-            if name == "netcal ECE" and round_index >= netcal_repeats:
-                continue
-            gc.collect()
-            start = time.perf_counter()
-            value = CONTENDERS[name](probs, labels)
-            timings[name].seconds.append(time.perf_counter() - start)
-            timings[name].value = value
-    return timings
+    return _report.interleaved(
+        {name: (lambda name=name: CONTENDERS[name](probs, labels)) for name in names},
+        repeats,
+        skip=lambda name, round_index: name == "netcal ECE" and round_index >= netcal_repeats,
+    )
 
 
 # ----------------------------------------------------------------------------- memory
@@ -204,7 +177,9 @@ def feed(kind: str, probs: torch.Tensor, labels: torch.Tensor) -> Any:
     if kind == "torchmetrics":
         state: Any = MulticlassCalibrationError(num_classes=num_classes, n_bins=N_BINS)
     else:
-        state = CalibrationMetrics(num_classes, n_bins=N_BINS, adaptive=kind == "ours adaptive=True")
+        state = CalibrationMetrics(
+            num_classes, n_bins=N_BINS, adaptive=kind == "ours adaptive=True", classwise="classwise=False" not in kind
+        )
     for batch_probs, batch_labels in batches(probs, labels):
         state.update(batch_probs, batch_labels)
     return state
@@ -213,6 +188,7 @@ def feed(kind: str, probs: torch.Tensor, labels: torch.Tensor) -> Any:
 MEMORY_KINDS = {
     "ours adaptive=False": "ours CalibrationMetrics (adaptive=False)",
     "ours adaptive=True": "ours CalibrationMetrics (adaptive=True)",
+    "ours adaptive=False classwise=False": "ours CalibrationMetrics (adaptive=False, classwise=False)",
     "torchmetrics": STREAM_BASELINE,
 }
 
@@ -231,50 +207,26 @@ def memory_rows(probs: torch.Tensor, labels: torch.Tensor, sizes: Sequence[int])
 # ----------------------------------------------------------------------------- report
 
 
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo (platform.processor() as a fallback)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def fmt_bytes(num: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num) < 1024 or unit == "GiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
-        num /= 1024
-    return f"{num:.1f} GiB"
-
-
 def speed_table(results: Dict[Tuple[int, int], Dict[str, Timing]]) -> List[str]:
-    lines = [
-        "| N × C | implementation | median s | min s | runs | ratio | ECE |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for (n, c), timings in results.items():
         for name, timing in timings.items():
             base = timings[STREAM_BASELINE if name in STREAMING else BASELINE]
             ratio = timing.median / base.median
             ref = "tm class" if name in STREAMING else "tm functional"
-            lines.append(
-                f"| {n:,} × {c:,} | {name} | {timing.median:.3f} | {min(timing.seconds):.3f} | "
-                f"{len(timing.seconds)} | {ratio:.2f}× {ref} | {timing.value:.6f} |"
+            rows.append(
+                (f"{n:,} × {c:,}", name, f"{timing.median:.3f}", f"{timing.min:.3f}", timing.runs,
+                 f"{ratio:.2f}× {ref}", f"{timing.value:.6f}")
             )
-    return lines
+    return _report.table(("N × C", "implementation", "median s", "min s", "runs", "ratio", "ECE"), rows, "llrrrrr")
 
 
 def memory_table(rows: List[Tuple[int, str, int]], num_classes: int) -> List[str]:
-    lines = [
-        f"| N (C = {num_classes}) | accumulator | state held | state bytes / sample |",
-        "|---:|---|---:|---:|",
-    ]
-    for size, name, state in rows:
-        lines.append(f"| {size:,} | {name} | {fmt_bytes(state)} | {state / size:.2f} |")
-    return lines
+    return _report.table(
+        (f"N (C = {num_classes})", "accumulator", "state held", "state bytes / sample"),
+        [(f"{size:,}", name, fmt_bytes(state), f"{state / size:.2f}") for size, name, state in rows],
+        "rlrr",
+    )
 
 
 def report(
@@ -282,24 +234,11 @@ def report(
     memory: List[Tuple[int, str, int]],
     memory_classes: int,
     args: argparse.Namespace,
-    load: Tuple[Tuple[float, ...], Tuple[float, ...]],
-    elapsed: float,
+    session: _report.Session,
 ) -> str:
     """The Markdown document: machine, speed table, memory table, method notes."""
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "# Calibration metrics: speed and memory",
-        "",
-        f"Produced by `python benchmarks/bench_metrics.py{args.flags}` on {now} "
-        f"({elapsed:.0f} s).",
-        "",
-        f"- CPU: {cpu_model()}, {os.cpu_count()} logical cores; torch threads: {torch.get_num_threads()}",
-        f"- Python {platform.python_version()}, torch {torch.__version__}, torchmetrics {torchmetrics.__version__}, "
-        f"netcal {netcal.__version__}, numpy {np.__version__}",
-        f"- Load average (1, 5, 15 min) at start {load[0]}, at end {load[1]} — the machine is shared, so "
-        "absolute times are noisy; ratios come from interleaved rounds in one process. "
-        f"{THREADS_NOTE if args.threads else ''}",
-        "",
+        *session.header("Calibration metrics: speed and memory", ("torch", "torchmetrics", "netcal", "numpy")),
         f"## Top-label ECE, {N_BINS} equal-width bins, float32 probabilities",
         "",
         *speed_table(results),
@@ -321,12 +260,15 @@ def report(
         "(plus AdaECE with `adaptive=True`), so its `update` also bins every one of the N·C probabilities "
         "for the classwise ECE and sums NLL and Brier over them: several times the work of torchmetrics' "
         "class, which computes the top-label ECE only. `ours streaming ECE statistics only` runs just the "
-        "top-label part of that update (validate, max, (3, B) statistics) per batch: the like-for-like row.",
+        "top-label part of that update (validate, max, (3, B) statistics) per batch: the like-for-like row. "
+        "`CalibrationMetrics(adaptive=False, classwise=False)` is the accumulator with the classwise ECE and the "
+        "per-sample pairs switched off: O(B) state, but its `update` still sums NLL and Brier over all N·C "
+        "probabilities (and `compute` adds MCE, RMS-CE, accuracy), so it sits between the two.",
         "- netcal works on numpy in float64 (clip, argmax, `scipy.stats.binned_statistic_dd`).",
         "- *state held*: the bytes of every tensor storage reachable from the accumulator object "
         "(attributes, lists, dicts; shared storages counted once), measured right after the last "
         "`update`. For ours that is the (3, B) equal-width statistics, the (3, C, B) classwise "
-        "statistics, two running sums and, with `adaptive=True`, one confidence (float32 for float32 "
+        "statistics (absent with `classwise=False`), two running sums and, with `adaptive=True`, one confidence (float32 for float32 "
         "inputs) and one bool correctness per sample; for torchmetrics the lists of per-batch float32 "
         "confidences and float32 accuracies it concatenates in `compute()`. Measured directly rather than "
         "as RSS deltas: at these sizes RSS changes are hidden by the allocator's pooled pages (a trial "
@@ -338,23 +280,14 @@ def report(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="10× fewer samples, fewer repeats; print only")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per contender (default 5, quick 3)")
+    parser = _report.parser(__doc__, default_repeats=5, quick_repeats=2)
     parser.add_argument("--netcal-repeats", type=int, default=3, help="rounds for netcal, the slowest")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--output", type=Path, default=None, help=f"write the report here (full run: {RESULTS})")
-    args = parser.parse_args(argv)
-    args.repeats = args.repeats or (3 if args.quick else 5)
-    args.flags = "".join(f" {arg}" for arg in (sys.argv[1:] if argv is None else argv))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    scale = 10 if args.quick else 1
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_metrics.py", args)
+    scale = 100 if args.quick else 1
     cases = [(1_000_000 // scale, 100), (100_000 // scale, 1000)]
     memory_sizes = [100_000 // scale, 1_000_000 // scale]
 
-    load_start = tuple(round(x, 2) for x in os.getloadavg())
-    started = time.perf_counter()
     results: Dict[Tuple[int, int], Dict[str, Timing]] = {}
     memory: List[Tuple[int, str, int]] = []
     for num_samples, num_classes in cases:
@@ -368,14 +301,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             memory = memory_rows(probs, labels, memory_sizes)
         del probs, labels
         gc.collect()
-    load_end = tuple(round(x, 2) for x in os.getloadavg())
-    text = report(results, memory, cases[0][1], args, (load_start, load_end), time.perf_counter() - started)
-    print(text)
-    output = args.output or (None if args.quick else RESULTS)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        print(f"wrote {output}", file=sys.stderr)
+    session.finish(report(results, memory, cases[0][1], args, session), NAME)
     return 0
 
 

@@ -123,6 +123,7 @@ class CalibratedModel(PreTrainedModel):
         self.backbone: Backbone = adapt(base_model, num_classes=calibrator.num_classes)
         self.main_input_name = self.backbone.input_key
         base_model.requires_grad_(False).eval()
+        calibrator.requires_grad_(False)  # fitted: calling the model must not build a graph
         self.fit_summary: Dict[str, Any] = {}
         self.provenance: Dict[str, Any] = {}
         self.last_evaluation: Optional[Dict[str, Any]] = None

@@ -32,8 +32,8 @@ BUILDERS: dict[str, Callable[..., DemoModel]] = {
     "digits-vit-tiny": digits_vit,
     "bbc-minilm-l6": bbc_minilm,
 }
-MIN_TEST_ACCURACY = {"digits-timm-resnet10t": 0.95, "digits-vit-tiny": 0.90, "bbc-minilm-l6": 0.90}
-# The CNN comes out close to calibrated on the digits (its few errors are low-confidence); the others over-confident.
+MIN_TEST_ACCURACY = {"digits-timm-resnet10t": 0.95, "digits-vit-tiny": 0.85, "bbc-minilm-l6": 0.90}
+# The ViT and MiniLM come out over-confident; the CNN under-confident.
 OVER_CONFIDENT = {"digits-vit-tiny", "bbc-minilm-l6"}
 
 

@@ -1,7 +1,7 @@
 """Real multi-process fits: 2 CPU processes (gloo) give the single-process fit.
 
-``accelerate.debug_launcher`` forks two workers; each loads the cached zoo CNN, runs the same
-``CalibratedModel.fit`` / ``evaluate`` and the main worker writes what it got to disk.
+``torchrun`` starts two fresh workers (see ``tests/_launch.py``); each loads the cached zoo CNN,
+runs the same ``CalibratedModel.fit`` / ``evaluate`` and the main worker writes what it got to disk.
 The engine splits every global batch across processes and sums gradients, so the δ and T
 of Neural Clamping agree with one process up to float summation order; we allow 1e-4
 relative (5 epochs of SGD with momentum amplify rounding only slightly).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,7 @@ NC_OPTIONS = dict(method="neural_clamping", epochs=5, holdout_fraction=0.0, batc
 
 
 def _fit_and_report(out_dir: str) -> None:
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)  # forked from a non-distributed parent
+    """The worker: runs in each torchrun process."""
     from hf_calibrate.demo import digits_timm_cnn
 
     demo = digits_timm_cnn(progress=False)
@@ -42,13 +41,13 @@ def _fit_and_report(out_dir: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_fit_like_one(tmp_path, digits_cnn):
-    from accelerate import debug_launcher
+    from _launch import torchrun
 
     single_nc = CalibratedModel.fit(digits_cnn.model, digits_cnn.dataset["calibration"], **NC_OPTIONS)
     single_ts = CalibratedModel.fit(digits_cnn.model, digits_cnn.dataset["calibration"], method="temperature", progress=False)
     single_report = single_ts.evaluate(digits_cnn.dataset["test"], progress=False)
 
-    debug_launcher(_fit_and_report, args=(str(tmp_path),), num_processes=2)
+    torchrun(Path(__file__), [str(tmp_path)])
 
     multi = load_file(str(tmp_path / "fit.safetensors"))
     report = json.loads((tmp_path / "report.json").read_text())
@@ -62,3 +61,7 @@ def test_two_processes_fit_like_one(tmp_path, digits_cnn):
         assert report[side]["num_samples"] == single_report[side]["num_samples"] == len(digits_cnn.dataset["test"])
         for name in ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier"):
             assert report[side][name] == pytest.approx(single_report[side][name], rel=1e-5, abs=1e-7), (side, name)
+
+
+if __name__ == "__main__":
+    _fit_and_report(sys.argv[1])

@@ -1,8 +1,9 @@
-"""CalibrationMetrics across 2 CPU processes (accelerate.debug_launcher, gloo) equals one process on all data."""
+"""CalibrationMetrics across 2 CPU processes (torchrun, gloo; see ``tests/_launch.py``) equals one process on all data."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -36,12 +37,14 @@ def make_data() -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _worker(out_dir: str) -> None:
-    """Runs in each debug_launcher process: update with this rank's shard, compute, write JSON.
+    """Runs in each torchrun process: update with this rank's shard, compute, write JSON.
 
-    debug_launcher initialises the gloo group itself; accelerate's PartialState does not see it
-    there (it reports one process, index 0), so ranks come from torch.distributed.
+    Accelerate's ``PartialState`` initialises the gloo group, as it does for a user's script.
     """
     import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState(cpu=True)
 
     rank = dist.get_rank()
     probs, labels = make_data()
@@ -61,9 +64,9 @@ def _worker(out_dir: str) -> None:
 
 
 def test_two_processes_equal_one_process(tmp_path: Path) -> None:
-    from accelerate import debug_launcher
+    from _launch import torchrun
 
-    debug_launcher(_worker, args=(str(tmp_path),), num_processes=2)
+    torchrun(Path(__file__), [str(tmp_path)])
     ranks = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(2)]
     probs, labels = make_data()
     want = calibration_report(probs, labels, n_bins=N_BINS)
@@ -89,3 +92,7 @@ def test_two_processes_equal_one_process(tmp_path: Path) -> None:
     # AdaECE sees the same sorted sequence whatever the split: identical to the last bit
     for name in SCENARIOS:
         assert ranks[0][f"{name}/adaptive=True"]["ada_ece"] == want["ada_ece"]
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
