@@ -17,6 +17,7 @@ calibrated logits when ``labels`` are passed).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import dataclasses
 import os
 import tempfile
@@ -144,11 +145,13 @@ class CalibratedModel(PreTrainedModel):
 
     @property
     def device(self) -> torch.device:
-        return next(self.base_model.parameters()).device
+        """The base's device; a base without parameters (a plain function module) goes by the calibrator's."""
+        tensor = next(itertools.chain(self.parameters(), self.buffers()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(p.dtype for p in self.base_model.parameters() if p.is_floating_point())
+        return next((p.dtype for p in self.base_model.parameters() if p.is_floating_point()), torch.float32)
 
     def train(self, mode: bool = True) -> "CalibratedModel":
         """The base always stays in eval mode (frozen batch-norm statistics, no dropout)."""

@@ -98,10 +98,40 @@ def test_dirichlet_with_scaled_identity_is_temperature_scaling():
 
 def test_odir_penalises_off_diagonal_weights_only():
     logits, labels = miscalibrated()
-    loose, _ = fitted(MatrixScaling, logits, labels, l2_off_diagonal=0.0, l2_bias=0.0)
-    tight, _ = fitted(MatrixScaling, logits, labels, l2_off_diagonal=100.0, l2_bias=100.0)
+    loose, _ = fitted(MatrixScaling, logits, labels, l2=0.0)
+    tight, _ = fitted(MatrixScaling, logits, labels, l2=100.0)
     off = lambda w: (w - torch.diag(torch.diag(w))).abs().sum().item()  # noqa: E731
     assert off(tight.weight.detach()) < 0.2 * off(loose.weight.detach())
+    assert tight.bias.abs().max() < loose.bias.abs().max()
+
+
+@pytest.mark.parametrize("cls", [MatrixScaling, DirichletCalibration])
+def test_odir_strength_selected_on_held_out_nll(cls):
+    """Few samples per class: an unregularised W over-fits; the selected λ generalises better."""
+    logits, labels = miscalibrated(n=300, classes=30, seed=1)
+    fresh_logits, fresh_labels = miscalibrated(n=4000, classes=30, seed=2)
+    selected, summary = fitted(cls, logits, labels, l2_grid=(0.0, 1.0, 1e2, 1e4))
+    loose, _ = fitted(cls, logits, labels, l2=0.0)
+    scores = summary["l2_holdout_nll"]
+    assert set(scores) == {"0.0", "1.0", "100.0", "10000.0"}
+    assert summary["l2"] == min((0.0, 1.0, 1e2, 1e4), key=lambda v: scores[repr(v)])
+    assert summary["l2"] > 0
+    with torch.no_grad():
+        nll = lambda c: F.cross_entropy(c(fresh_logits), fresh_labels).item()  # noqa: E731
+        assert nll(selected) < nll(loose)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(l2=-1.0), "l2 must be a finite number >= 0"),
+        (dict(l2_grid=()), "l2_grid must be a non-empty"),
+        (dict(holdout_fraction=0.0), "or pass l2=<value>"),
+    ],
+)
+def test_odir_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        parse_options(MatrixScaling.Options, options, "matrix")
 
 
 @pytest.mark.parametrize("mode", ["top_label", "one_vs_rest"])

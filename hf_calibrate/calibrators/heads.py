@@ -37,6 +37,8 @@ from torch import nn
 from .base import Calibrator
 
 PREDICTIONS = ("sample", "mean")
+#: Default head schedule: the paper's 40 epochs, stretched to at least this many Adam steps.
+DEFAULT_EPOCHS, MIN_DEFAULT_STEPS = 40, 2000
 
 
 @dataclasses.dataclass
@@ -44,7 +46,10 @@ class HeadOptions:
     """Options shared by the head-retraining methods.
 
     Attributes:
-        epochs: passes over the cached training features (default 40).
+        epochs: passes over the cached training features (default None: the paper's 40, or
+            more on a small training set, so that the head gets at least 2,000 Adam steps — the
+            paper's 40 epochs over 50,000 images are ~15,000 steps; 40 epochs of a few hundred
+            calibration rows would leave a freshly initialised head far from converged).
         lr: Adam learning rate (default 1e-4, the TST paper's).
         head_batch_size: feature rows per Adam step (default 128).
         weight_decay: Adam weight decay (default 0).
@@ -58,7 +63,7 @@ class HeadOptions:
             and stream them each epoch, for data larger than memory (default None: in memory).
     """
 
-    epochs: int = 40
+    epochs: Optional[int] = None
     lr: float = 1e-4
     head_batch_size: int = 128
     weight_decay: float = 0.0
@@ -70,6 +75,8 @@ class HeadOptions:
     def __post_init__(self) -> None:
         for name in ("epochs", "head_batch_size"):
             value = getattr(self, name)
+            if name == "epochs" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         if not self.lr > 0:
@@ -78,6 +85,14 @@ class HeadOptions:
             raise ValueError(f"patience must be a positive integer or None, got {self.patience!r}.")
         if not 0 <= self.holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
+
+
+    def epochs_for(self, train_rows: int) -> int:
+        """Epochs to run on ``train_rows`` training rows (see ``epochs``)."""
+        if self.epochs is not None:
+            return self.epochs
+        steps_per_epoch = math.ceil(train_rows / self.head_batch_size)
+        return max(DEFAULT_EPOCHS, math.ceil(MIN_DEFAULT_STEPS / max(steps_per_epoch, 1)))
 
 
 class HeadCalibrator(Calibrator):

@@ -5,7 +5,10 @@
 * Dirichlet calibration: ``z' = W log softmax(z) + b`` with ODIR — Kull et al. (2019).
 
 ODIR ("off-diagonal and intercept regularisation") adds
-``λ_od · mean_{i≠j} W_ij² + λ_b · mean_j b_j²`` to the mean NLL.
+``λ_od · mean_{i≠j} W_ij² + λ_b · mean_j b_j²`` to the mean NLL. As in Kull et al., λ is
+chosen by held-out NLL from a grid (default ``λ_od = λ_b``, from 1e-4 to 1e4): no single
+value suits both 10 and 1,000 classes (a mean over C(C−1) entries needs a far larger λ to
+restrain a 1000×1000 W fitted on a few thousand samples).
 Each map starts at the temperature-scaling optimum (a = 1/T, W = I/T, b = 0; for Dirichlet
 softmax(β·log p) = softmax(β·z), so W = βI is TS too), so L-BFGS starts where TS ends.
 None of these maps is guaranteed to keep the argmax: per-class scales and biases can
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +61,8 @@ class _LinearLogitMap(Calibrator):
     def transform(self, logits: torch.Tensor, parameters: Dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
-    def penalty(self, parameters: Dict[str, torch.Tensor], options: Any) -> torch.Tensor:
+    def penalty(self, parameters: Dict[str, torch.Tensor], strength: float) -> torch.Tensor:
+        """Regulariser added to the mean NLL (none for vector scaling)."""
         return torch.zeros(())
 
     def initial_parameters(self, beta: float, dtype: torch.dtype, device: torch.device) -> Dict[str, torch.Tensor]:
@@ -69,29 +73,29 @@ class _LinearLogitMap(Calibrator):
         return self.transform(logits, parameters)
 
     def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        dtype = _work_dtype(logits)
-        work_logits = logits.detach().to(dtype)
-        beta, _ = fit_inverse_temperature(work_logits, labels)
-        parameters = self.initial_parameters(beta, dtype, logits.device)
+        parameters, summary = self._fit_parameters(logits.detach().to(_work_dtype(logits)), labels, 0.0, options.max_iter)
+        self._store(parameters)
+        return summary
+
+    def _fit_parameters(
+        self, logits: torch.Tensor, labels: torch.Tensor, strength: float, max_iter: int
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+        """L-BFGS from the TS optimum on mean NLL + ``penalty(·, strength)``; returns the parameters."""
+        beta, _ = fit_inverse_temperature(logits, labels)
+        parameters = self.initial_parameters(beta, logits.dtype, logits.device)
         for tensor in parameters.values():
             tensor.requires_grad_(True)
 
         def objective() -> torch.Tensor:
-            nll = F.cross_entropy(self.transform(work_logits, parameters), labels)
-            return nll + self.penalty(parameters, options)
+            nll = F.cross_entropy(self.transform(logits, parameters), labels)
+            return nll + self.penalty(parameters, strength)
 
-        summary = _minimise(list(parameters.values()), objective, options.max_iter)
+        return parameters, _minimise(list(parameters.values()), objective, max_iter)
+
+    def _store(self, parameters: Dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, tensor in self.named_parameters():
                 tensor.copy_(parameters[name].detach().to(tensor.dtype))
-        return summary
-
-
-def _odir_penalty(weight: torch.Tensor, bias: torch.Tensor, options: Any) -> torch.Tensor:
-    classes = weight.shape[0]
-    off_diagonal = weight.square().sum() - weight.diagonal().square().sum()
-    off_mean = off_diagonal / max(classes * (classes - 1), 1)
-    return options.l2_off_diagonal * off_mean + options.l2_bias * bias.square().mean()
 
 
 @dataclasses.dataclass
@@ -99,14 +103,30 @@ class ODIROptions:
     """Fit options of matrix scaling and Dirichlet calibration.
 
     Attributes:
-        l2_off_diagonal: λ_od, weight of the mean squared off-diagonal entry of W (default 1e-2).
-        l2_bias: λ_b, weight of the mean squared intercept (default 1e-2).
-        max_iter: L-BFGS iterations at most (default 200).
+        l2: λ (= λ_od = λ_b), weight of the mean squared off-diagonal entry of W and of the
+            mean squared intercept; None (default) selects it from ``l2_grid``.
+        l2_grid: candidate λ values (default 1e-4, 1e-3, …, 1e4), each fitted on the calibration
+            data minus a held-out part and scored by held-out NLL; the best is refitted on all.
+        holdout_fraction: share held out for that selection (default 0.2).
+        seed: seed of the held-out split (default 0).
+        max_iter: L-BFGS iterations at most, per fit (default 200).
     """
 
-    l2_off_diagonal: float = 1e-2
-    l2_bias: float = 1e-2
+    l2: Optional[float] = None
+    l2_grid: Tuple[float, ...] = tuple(10.0**k for k in range(-4, 5))
+    holdout_fraction: float = 0.2
+    seed: int = 0
     max_iter: int = 200
+
+    def __post_init__(self) -> None:
+        if self.l2 is not None and not (math.isfinite(self.l2) and self.l2 >= 0):
+            raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}.")
+        if self.l2 is None:
+            if not self.l2_grid or any(not (math.isfinite(v) and v >= 0) for v in self.l2_grid):
+                raise ValueError(f"l2_grid must be a non-empty sequence of finite numbers >= 0, got {self.l2_grid!r}.")
+            if not 0 < self.holdout_fraction < 1:
+                raise ValueError(f"holdout_fraction must be in (0, 1) to select l2, got {self.holdout_fraction!r}; or pass l2=<value>.")
+        self.l2_grid = tuple(float(v) for v in self.l2_grid)
 
 
 class VectorScaling(_LinearLogitMap):
@@ -162,8 +182,37 @@ class MatrixScaling(_LinearLogitMap):
     def features(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
 
-    def penalty(self, parameters, options):
-        return _odir_penalty(parameters["weight"], parameters["bias"], options)
+    def penalty(self, parameters, strength):
+        weight, bias = parameters["weight"], parameters["bias"]
+        classes = weight.shape[0]
+        off_diagonal = weight.square().sum() - weight.diagonal().square().sum()
+        return strength * (off_diagonal / max(classes * (classes - 1), 1) + bias.square().mean())
+
+    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Dict[str, Any]:
+        work = logits.detach().to(_work_dtype(logits))
+        summary: Dict[str, Any] = {}
+        strength = options.l2
+        if strength is None:
+            strength, summary["l2_holdout_nll"] = self._select_strength(work, labels, options)
+        parameters, fit = self._fit_parameters(work, labels, strength, options.max_iter)
+        self._store(parameters)
+        return {**fit, "l2": strength, **summary}
+
+    def _select_strength(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Tuple[float, Dict[str, float]]:
+        """The λ of ``options.l2_grid`` with the lowest held-out NLL, and every λ's held-out NLL."""
+        count = logits.shape[0]
+        holdout = max(1, int(round(options.holdout_fraction * count)))
+        if count - holdout < 1:
+            raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.")
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(logits.device)
+        held, kept = order[:holdout], order[holdout:]
+        scores: Dict[str, float] = {}
+        for strength in options.l2_grid:
+            parameters, _ = self._fit_parameters(logits[kept], labels[kept], strength, options.max_iter)
+            with torch.no_grad():
+                scores[repr(strength)] = float(F.cross_entropy(self.transform(logits[held], parameters), labels[held]))
+        best = min(options.l2_grid, key=lambda strength: (scores[repr(strength)], -strength))  # ties: stronger λ
+        return best, scores
 
 
 class DirichletCalibration(MatrixScaling):

@@ -162,8 +162,9 @@ def fit_head(
     optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=options.lr, weight_decay=options.weight_decay)
     history: List[Dict[str, Any]] = []
     best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
-    with engine.progress(options.epochs, f"training head ({calibrator.method})") as bar:
-        for epoch in range(1, options.epochs + 1):
+    epochs = options.epochs_for(len(train_indices))
+    with engine.progress(epochs, f"training head ({calibrator.method})") as bar:
+        for epoch in range(1, epochs + 1):
             started = time.perf_counter()
             head.train()
             total, seen = 0.0, 0
