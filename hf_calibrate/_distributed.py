@@ -51,3 +51,15 @@ def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
     gathered = [torch.zeros_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
     return torch.cat([part[: int(n)] for part, n in zip(gathered, lengths)])
+
+
+def shut_down() -> None:
+    """Leave the default process group cleanly (wait for every process, then destroy it).
+
+    A process that exits with the gloo group still alive can abort in its C++ destructors
+    ("terminate called without an active exception"); scripts launched with torchrun or
+    ``accelerate launch`` call this before they return. A no-op when not distributed.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -835,6 +835,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         console = Console(state.is_main_process, json_output=getattr(args, "json", False))
         with _library_progress_bars(args.progress):
             args.handler(args, state, console)
+        from ._distributed import shut_down
+
+        shut_down()
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

@@ -64,4 +64,7 @@ def test_two_processes_fit_like_one(tmp_path, digits_cnn):
 
 
 if __name__ == "__main__":
+    from hf_calibrate._distributed import shut_down
+
     _fit_and_report(sys.argv[1])
+    shut_down()

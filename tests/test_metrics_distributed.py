@@ -95,4 +95,7 @@ def test_two_processes_equal_one_process(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
+    from hf_calibrate._distributed import shut_down
+
     _worker(sys.argv[1])
+    shut_down()

@@ -53,12 +53,12 @@ def _top_label_vector(probs: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     α = (m − r)/(m − u) for r = top/(1 − top) (clipped to [0, 1]). The argmax is thus kept
     whenever top ≥ 1/C, below which no probability vector can keep it.
     """
-    confidences, predictions = probs.max(dim=1)
+    predictions = probs.argmax(dim=1)
     others = probs.shape[1] - 1
     if others == 0:
         return torch.ones_like(probs)
-    rest_mass = (1 - confidences).clamp_min(0)
     shares = probs.scatter(1, predictions[:, None], 0.0)
+    rest_mass = shares.sum(dim=1)  # not 1 − confidence: that cancels catastrophically near 1
     has_mass = rest_mass > _LOG_FLOOR
     uniform = 1.0 / others
     shares = torch.where(has_mass[:, None], shares / rest_mass.clamp_min(_LOG_FLOOR)[:, None], torch.full_like(shares, uniform))
