@@ -3,8 +3,7 @@
 Suites, in order (each a script in this folder, writing ``benchmarks/results/<name>.md`` on a
 full run):
 
-* ``quality``    — ``bench_quality.py`` (calibration quality of every method; skipped with a
-  message while the script does not exist);
+* ``quality``    — ``bench_quality.py`` (calibration quality of every method, clean and under shift);
 * ``metrics``    — ``bench_metrics.py`` (metric speed and memory vs torchmetrics/netcal);
 * ``nc_cost``    — ``bench_nc_cost.py`` (Neural Clamping epoch cost vs its floor);
 * ``inference``  — ``bench_inference.py`` (CalibratedModel inference overhead);
@@ -126,8 +125,6 @@ def write_index() -> Path:
             lines.append(f"| [{name}.md]({name}.md) | {what} | {kind} | {info['date']} | {info['machine']} | `{info['command']}` |")
         elif name == "gpu":
             lines.append(f"| gpu.md (absent) | {what} | {kind} | – | {GPU_NOTE} | `python benchmarks/{script}` |")
-        elif not (HERE / script).exists():
-            lines.append(f"| {name}.md (absent) | {what} | {kind} | – | `{script}` not written yet | – |")
         else:
             lines.append(f"| {name}.md (absent) | {what} | {kind} | – | not run yet | `python benchmarks/{script}` |")
     for path in sorted(RESULTS.glob("*.md")):
@@ -160,10 +157,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in selected(args.only):
         script, kind, _ = SUITES[name]
         path = HERE / script
-        if not path.exists():
-            print(f"{MARKER}{script}: skipped ({script} does not exist yet)", flush=True)
-            statuses.append((name, "skipped: no script", 0.0))
-            continue
         flags = ["--quick"] if args.quick else []
         if args.threads is not None and kind.startswith("speed"):
             flags += ["--threads", str(args.threads)]

@@ -3,6 +3,8 @@ and ``push_evaluation_results``, which replaces the hub card's results with a ne
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import pytest
@@ -152,3 +154,24 @@ def test_push_evaluation_results_needs_a_card(hub_online, vit):
         push_evaluation_results(repo_id, evaluation)
     with pytest.raises(ArtifactError, match="could not find"):
         push_evaluation_results(f"{hub_online.user}/does-not-exist", evaluation)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "model_cards" / "examples"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()))
+def test_committed_example_cards_match_their_runs(folder):
+    """The example cards in model_cards/ parse as Hub cards and report the metrics their run recorded."""
+    card = ModelCard.load(EXAMPLES / folder / "README.md")
+    evaluation = json.loads((EXAMPLES / folder / "calibration_config.json").read_text())["evaluation"]
+    reported = {
+        (metric["type"], metric["config"]): metric["value"]
+        for result in card.data.to_dict()["model-index"][0]["results"]
+        for metric in result["metrics"]
+    }
+    for side in ("uncalibrated", "calibrated"):
+        for name in ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier"):
+            assert reported[(name, side)] == pytest.approx(evaluation[side][name], rel=1e-12), (folder, side, name)
+    assert card.data.library_name == "hf_calibrate"
+    with Image.open(EXAMPLES / folder / DIAGRAM_FILE) as image:
+        assert image.size[0] > 300
