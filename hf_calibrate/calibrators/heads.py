@@ -86,7 +86,6 @@ class HeadOptions:
         if not 0 <= self.holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
 
-
     def epochs_for(self, train_rows: int) -> int:
         """Epochs to run on ``train_rows`` training rows (see ``epochs``)."""
         if self.epochs is not None:

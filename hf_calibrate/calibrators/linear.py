@@ -5,9 +5,9 @@
 * Dirichlet calibration: ``z' = W log softmax(z) + b`` with ODIR — Kull et al. (2019).
 
 ODIR ("off-diagonal and intercept regularisation") adds
-``λ_od · mean_{i≠j} W_ij² + λ_b · mean_j b_j²`` to the mean NLL. As in Kull et al., λ is
-chosen by held-out NLL from a grid (default ``λ_od = λ_b``, from 1e-4 to 1e4): no single
-value suits both 10 and 1,000 classes (a mean over C(C−1) entries needs a far larger λ to
+``λ_od · mean_{i≠j} W_ij² + λ_b · mean_j b_j²`` to the mean NLL; here one λ serves both terms
+(λ_od = λ_b) and, as in Kull et al., it is chosen by held-out NLL from a grid (1e-4 … 1e4 by
+default): no single value suits both 10 and 1,000 classes (a mean over C(C−1) entries needs a far larger λ to
 restrain a 1000×1000 W fitted on a few thousand samples).
 Each map starts at the temperature-scaling optimum (a = 1/T, W = I/T, b = 0; for Dirichlet
 softmax(β·log p) = softmax(β·z), so W = βI is TS too), so L-BFGS starts where TS ends.
