@@ -186,11 +186,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "call above* divides that fixed cost by the base model's median time in the first table: the share the "
         "wrapper adds at that size (it shrinks as the model grows).",
         "- *Grad mode*: the same calls without `torch.no_grad()` (as a user calling the model directly might). The "
-        "base is frozen (`requires_grad=False`), so it builds no autograd graph; the fitted calibrator's δ and "
-        "log T are still `requires_grad=True` parameters, so the Neural Clamping model records a graph through "
-        "the whole base, keeping its activations alive until the output is dropped — a memory cost more than a "
-        "time cost (see the last column). Pipelines run under `no_grad`/`inference_mode` and do not pay it; "
-        "`calibrator.requires_grad_(False)` once fitted would remove it.",
+        "base and the fitted calibrator (δ, log T) are both frozen (`requires_grad=False`), so no autograd graph "
+        "is recorded and grad mode costs what no_grad costs.",
         "- timm `resnet18` and transformers `ViTForImageClassification` (hidden 192, 6 layers, 3 heads, 16×16 "
         "patches) with random weights (`pretrained=False` / from a `ViTConfig`); inputs are seeded N(0, 1).",
     ]
