@@ -173,8 +173,6 @@ def run_seed(sets: _Sets, seed: int, nc_options: Dict[str, Any], quick: bool) ->
         calibrated = CalibratedModel.fit(nn.Identity(), logit_data, method=method, progress=False, seed=seed)
         facts["seconds"][method] = time.perf_counter() - started
         results[method] = _evaluate_cached(calibrated, sets, test, use_features=False)
-        if method in ("matrix", "dirichlet"):
-            facts[f"{method}_l2"] = calibrated.fit_summary.get("l2") if isinstance(calibrated.fit_summary, dict) else None
     head_layer = copy.deepcopy(adapt(sets.demo.model).final_layer()).requires_grad_(False)
     feature_data = TensorDataset(features[cal_index], labels[cal_index])
     head_options = dict(epochs=3) if quick else {}

@@ -17,8 +17,8 @@ calibrated logits when ``labels`` are passed).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import dataclasses
+import itertools
 import os
 import tempfile
 from pathlib import Path

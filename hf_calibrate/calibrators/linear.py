@@ -73,15 +73,15 @@ class _LinearLogitMap(Calibrator):
         return self.transform(logits, parameters)
 
     def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        parameters, summary = self._fit_parameters(logits.detach().to(_work_dtype(logits)), labels, 0.0, options.max_iter)
+        work = logits.detach().to(_work_dtype(logits))
+        parameters, summary = self._fit_parameters(work, labels, fit_inverse_temperature(work, labels)[0], 0.0, options.max_iter)
         self._store(parameters)
         return summary
 
     def _fit_parameters(
-        self, logits: torch.Tensor, labels: torch.Tensor, strength: float, max_iter: int
+        self, logits: torch.Tensor, labels: torch.Tensor, beta: float, strength: float, max_iter: int
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-        """L-BFGS from the TS optimum on mean NLL + ``penalty(·, strength)``; returns the parameters."""
-        beta, _ = fit_inverse_temperature(logits, labels)
+        """L-BFGS from the TS optimum β = 1/T (of these logits) on mean NLL + ``penalty(·, strength)``."""
         parameters = self.initial_parameters(beta, logits.dtype, logits.device)
         for tensor in parameters.values():
             tensor.requires_grad_(True)
@@ -194,7 +194,7 @@ class MatrixScaling(_LinearLogitMap):
         strength = options.l2
         if strength is None:
             strength, summary["l2_holdout_nll"] = self._select_strength(work, labels, options)
-        parameters, fit = self._fit_parameters(work, labels, strength, options.max_iter)
+        parameters, fit = self._fit_parameters(work, labels, fit_inverse_temperature(work, labels)[0], strength, options.max_iter)
         self._store(parameters)
         return {**fit, "l2": strength, **summary}
 
@@ -206,9 +206,11 @@ class MatrixScaling(_LinearLogitMap):
             raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.")
         order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(logits.device)
         held, kept = order[:holdout], order[holdout:]
+        kept_logits, kept_labels = logits[kept], labels[kept]
+        beta, _ = fit_inverse_temperature(kept_logits, kept_labels)  # every candidate starts from it
         scores: Dict[str, float] = {}
         for strength in options.l2_grid:
-            parameters, _ = self._fit_parameters(logits[kept], labels[kept], strength, options.max_iter)
+            parameters, _ = self._fit_parameters(kept_logits, kept_labels, beta, strength, options.max_iter)
             with torch.no_grad():
                 scores[repr(strength)] = float(F.cross_entropy(self.transform(logits[held], parameters), labels[held]))
         best = min(options.l2_grid, key=lambda strength: (scores[repr(strength)], -strength))  # ties: stronger λ
