@@ -7,10 +7,11 @@ Everything goes through the real ``huggingface_hub`` client, so offline mode
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from huggingface_hub import HfApi, ModelCard, snapshot_download
 from huggingface_hub.errors import (
@@ -22,7 +23,7 @@ from huggingface_hub.errors import (
 )
 
 from . import cards
-from .serialization import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError
+from .serialization import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError, list_files, owned_files
 
 # Files a calibrated repo needs; others (e.g. a user's notebooks) are not downloaded.
 _ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "README.md", "*.png", "base/*"]
@@ -99,14 +100,36 @@ def push_folder(
     if revision is not None:
         api.create_branch(repo_id, branch=revision, exist_ok=True)
     ignore = [CARD_FILE] if not overwrite_card and remote_card_is_users(api, repo_id, revision, token) else None
-    # Files only hf_calibrate writes, left over from an earlier push, go in the same commit (e.g.
-    # the base weights after a switch to a reference-only push, which would otherwise still load
-    # through timm's "hf-hub:" or subfolder="base"). Files uploaded now are never deleted.
+    # Files of the calibration pushed before that this one no longer writes go in the same commit
+    # (e.g. the base weights after a switch to a reference-only push, which would otherwise still
+    # load through timm's "hf-hub:" or subfolder="base", or a tokenizer after a switch to an image
+    # model). Only files the earlier push wrote (its manifest) are deleted, never a user's.
+    stale = _stale_remote_files(api, repo_id, revision, token, set(list_files(Path(folder))))
     return api.upload_folder(
         repo_id=repo_id, folder_path=str(folder), revision=revision,
         commit_message=commit_message or "Upload calibrated model (hf_calibrate)", ignore_patterns=ignore,
-        delete_patterns=[f"{BASE_FOLDER}/**", "model.safetensors", cards.DIAGRAM_FILE],
+        delete_patterns=[glob.escape(name) for name in stale] or None,
     )
+
+
+def _stale_remote_files(api: HfApi, repo_id: str, revision: Optional[str], token: Any, uploaded: set) -> List[str]:
+    """Files the calibration already in ``repo_id`` wrote (its record's manifest) that are not ``uploaded`` now."""
+    try:
+        names = set(api.list_repo_files(repo_id, revision=revision, token=token))
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        return []
+    if CALIBRATION_CONFIG not in names:
+        return []  # no calibration there: every file is the user's
+    try:
+        record = json.loads(Path(api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision, token=token)).read_text("utf-8"))
+    except (EntryNotFoundError, OSError, ValueError):
+        record = None  # unreadable: the names a calibration writes count as its own
+
+    def listing(folder: str) -> List[str]:
+        prefix = f"{folder}/"
+        return [name[len(prefix):] for name in names if name.startswith(prefix) and "/" not in name[len(prefix):]]
+
+    return sorted(owned_files(record, names.__contains__, listing) - uploaded - {CARD_FILE})
 
 
 def push_evaluation_results(

@@ -134,6 +134,28 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"], "text": text}
 
 
+def _preprocessing_notes(record: Dict[str, Any]) -> List[str]:
+    """What the calibration's inputs looked like (``input_contract``) and which layer a new head replaces."""
+    contract = record.get("input_contract") or {}
+    facts = contract.get("preprocessing") or {}
+    notes = []
+    if contract.get("input_size"):
+        size = "×".join(str(v) for v in contract["input_size"])
+        mean, std = facts.get("mean", facts.get("image_mean")), facts.get("std", facts.get("image_std"))
+        normalised = f" normalised with mean {mean} and std {std}," if mean is not None and std is not None else ""
+        notes.append(f"Calibrated on inputs of size {size} ({contract.get('space')},{normalised} as recorded in "
+                     "calibration_config.json); the saved preprocessing produces that size. The calibration holds "
+                     "for inputs preprocessed like that only.")
+    if facts.get("max_length"):
+        saved = (f"the saved tokenizer's model_max_length is {facts['max_length']}, so pass truncation=True to a "
+                 "pipeline for long texts") if facts.get("source") else "tokenize inputs the same way"
+        notes.append(f"Calibrated on texts truncated to {facts['max_length']} tokens; {saved}.")
+    classifier = (record.get("base_model") or {}).get("classifier")
+    if classifier:
+        notes.append(f"The new head replaces the base model's layer `{classifier}`.")
+    return notes
+
+
 def _limitations(record: Dict[str, Any]) -> List[str]:
     items = [
         "Calibration holds for data like the calibration data; under distribution shift confidences can again be "
@@ -141,11 +163,13 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
         f"The calibration was fitted on {record['fit']['num_samples']} samples; binned metrics such as ECE are noisy "
         "on small evaluation sets.",
     ]
+    items.extend(_preprocessing_notes(record))
     if record["method"] == "neural_clamping":
         contract = record.get("input_contract") or {}
         items.append(
             f"δ is tied to the model's input after preprocessing ({contract.get('space')}, shape "
-            f"{contract.get('shape')}): inputs must be preprocessed exactly as at calibration time."
+            f"{contract.get('shape')}): inputs must be preprocessed exactly as at calibration time; inputs of "
+            "another size are refused with an error naming the size to use."
         )
         if contract.get("space") == "inputs_embeds":
             items.append("For text, δ is one vector added to the word embedding of every non-padding token — an "

@@ -155,7 +155,8 @@ def _data_arguments(parser: argparse.ArgumentParser, split_help: str) -> None:
     group.add_argument("--image-column", help="image column (default: 'image' or 'img')")
     group.add_argument("--text-column", help="text column (default: 'text', 'sentence' or 'content')")
     group.add_argument("--label-column", help="label column (default: 'labels' or 'label')")
-    group.add_argument("--max-length", type=int, help="tokenizer truncation length for text (default: the tokenizer's)")
+    group.add_argument("--max-length", type=int, help="tokenizer truncation length for text (default: the tokenizer's; "
+                       "for a calibrated model, the length it was calibrated with, which fit records)")
 
 
 MAIN_EPILOG = """examples:
@@ -442,26 +443,12 @@ def dataset_display_name(source: str) -> str:
 def align_labels(data: Any, label_column: Optional[str], backbone: Any) -> Any:
     """``data`` with labels as the model's class indices: class names are matched by name.
 
-    Raises UserError when the label column is missing or the labels do not fit the model.
+    The matching is the library's own (:func:`hf_calibrate.data.align_labels`, which
+    ``CalibratedModel.fit`` applies too); a missing label column is a UserError naming the flag.
     """
-    import datasets
+    from .data import align_labels as align_with_model
 
-    column = _label_column(data, label_column)
-    feature = data.features[column]
-    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
-        data = data.class_encode_column(column)
-        feature = data.features[column]
-    if isinstance(feature, datasets.ClassLabel):
-        return _align_class_names(data, column, feature.names, backbone)
-    if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
-        raise UserError(f"label column {column!r} holds {feature}; it must hold class indices or class names.")
-    labels = list(data[column])
-    if labels and (min(labels) < 0 or max(labels) >= backbone.num_classes):
-        raise UserError(
-            f"labels in column {column!r} range from {min(labels)} to {max(labels)}, but the model has "
-            f"{backbone.num_classes} classes (0 to {backbone.num_classes - 1})."
-        )
-    return data
+    return align_with_model(data, _label_column(data, label_column), backbone)
 
 
 def _label_column(data: Any, given: Optional[str]) -> str:
@@ -477,29 +464,6 @@ def _label_column(data: Any, given: Optional[str]) -> str:
         raise UserError(f"the dataset has no label column (looked for {list(LABEL_KEYS)} among {columns}); "
                         "name it with --label-column.")
     return found
-
-
-def _model_label_names(backbone: Any) -> Optional[List[str]]:
-    """The model's class names in index order, or None when it only has generic ``LABEL_i`` names."""
-    id2label = backbone.id2label or {}
-    names = [str(id2label.get(index, "")) for index in range(backbone.num_classes)]
-    if any(not name or name == f"LABEL_{index}" for index, name in enumerate(names)):
-        return None
-    return names
-
-
-def _align_class_names(data: Any, column: str, names: List[str], backbone: Any) -> Any:
-    model_names = _model_label_names(backbone)
-    if model_names is None:
-        if len(names) > backbone.num_classes:
-            raise UserError(f"the dataset has {len(names)} classes but the model has {backbone.num_classes}.")
-        return data
-    if names == model_names:
-        return data
-    unknown = [name for name in names if name not in model_names]
-    if unknown:
-        raise UserError(f"the dataset's labels {unknown} are not labels of the model, whose labels are {model_names}.")
-    return data.align_labels_with_mapping({name: index for index, name in enumerate(model_names)}, column)
 
 
 def load_data(

@@ -16,9 +16,11 @@ holds the keyword arguments of the base model (``pixel_values`` for timm and vis
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
@@ -48,8 +50,13 @@ class PreparedData:
         return len(self.dataset)
 
     def loader(self, index_batches: Sequence[Sequence[int]], num_workers: int = 0) -> DataLoader:
-        """A DataLoader that yields one collated batch per list of indices."""
-        return DataLoader(self.dataset, batch_sampler=list(index_batches), collate_fn=self.collate, num_workers=num_workers)
+        """A DataLoader that yields one collated batch per list of indices.
+
+        Its own generator seeds the worker processes, so iterating it draws nothing from
+        torch's global generator (a fit leaves the user's random state as it found it).
+        """
+        return DataLoader(self.dataset, batch_sampler=list(index_batches), collate_fn=self.collate, num_workers=num_workers,
+                          generator=torch.Generator().manual_seed(0))
 
 
 class _CachedItems(Dataset):
@@ -115,13 +122,128 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
             + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
             + "."
         )
-    labels = torch.as_tensor(labels)
+    labels = label_tensor(labels, backbone)
     if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
         raise ValueError(
             f"labels must be a 1-D tensor of integer class indices, got shape {tuple(labels.shape)} and dtype "
             f"{labels.dtype}."
         )
     return dict(inputs), labels.long()
+
+
+# ----------------------------------------------------------------------------- class names
+
+
+def model_label_names(backbone: Backbone) -> Optional[List[str]]:
+    """The model's class names in index order, or None when it only has generic ``LABEL_i`` names."""
+    num_classes = backbone.num_classes
+    id2label = backbone.id2label or {}
+    if num_classes is None or not id2label:
+        return None
+    names = [str(id2label.get(index, "")) for index in range(num_classes)]
+    if any(not name or name == f"LABEL_{index}" for index, name in enumerate(names)):
+        return None
+    return names
+
+
+def label_indices(names: Sequence[Any], backbone: Backbone) -> List[int]:
+    """The model's class index of each class name in ``names``, matched exactly with its ``id2label``.
+
+    Raises ValueError listing the model's labels when a name is not one of them, or when the
+    model has no class names to match against.
+    """
+    model_names = model_label_names(backbone)
+    if model_names is None:
+        example = next(iter(names), None)
+        raise ValueError(
+            f"the labels are class names (e.g. {example!r}) but the model records no class names (only generic "
+            "LABEL_i names), so they cannot be matched. Pass class indices, or give the model its labels "
+            "(transformers: config.id2label and label2id; timm: pretrained_cfg['label_names'])."
+        )
+    index = {name: position for position, name in enumerate(model_names)}
+    unknown = sorted({str(name) for name in names if name not in index})
+    if unknown:
+        raise ValueError(
+            f"the dataset's labels {unknown} are not labels of the model, whose labels are {model_names}; "
+            "rename them to the model's labels, or pass class indices."
+        )
+    return [index[name] for name in names]
+
+
+def label_tensor(labels: Any, backbone: Backbone) -> torch.Tensor:
+    """Labels of one batch as a tensor; class names (strings) become the model's class indices."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "US":
+        labels = labels.tolist()
+    if isinstance(labels, (list, tuple)) and any(isinstance(label, str) for label in labels):
+        if not all(isinstance(label, str) for label in labels):
+            raise ValueError(f"a batch mixes class names and class indices as labels ({list(labels)[:5]}...); use one kind.")
+        return torch.tensor(label_indices(labels, backbone), dtype=torch.long)
+    return torch.as_tensor(labels)
+
+
+def align_labels(data: Any, column: str, backbone: Backbone) -> Any:
+    """A ``datasets.Dataset`` whose ``column`` holds the model's class indices.
+
+    Class names (a string column, or a ``ClassLabel`` whose names differ from the model's) are
+    matched by name with the model's labels; integer labels are checked against the class count.
+    """
+    import datasets
+
+    feature = data.features[column]
+    model_names = model_label_names(backbone)
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        names = sorted(data.unique(column))
+        return _relabel(data, column, dict(zip(names, label_indices(names, backbone))), model_names)
+    if isinstance(feature, datasets.ClassLabel):
+        _check_class_count(len(feature.names), backbone)
+        mapping = None if model_names is None or feature.names == model_names else _match_names(feature.names, model_names)
+        if mapping is None:
+            if model_names is not None and feature.names != model_names:
+                warnings.warn(
+                    f"the dataset's class names {feature.names} are not the model's {model_names}; their class indices "
+                    "are used as the model's. If index k means another class in the two, relabel the dataset first "
+                    "(datasets' Dataset.align_labels_with_mapping).",
+                    stacklevel=3,
+                )
+            return data
+        return _relabel(data, column, mapping, model_names)
+    if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
+        raise ValueError(f"label column {column!r} holds {feature}; it must hold class indices or class names.")
+    values = data.unique(column)
+    low, high = (min(values), max(values)) if values else (0, 0)
+    if backbone.num_classes is not None and (low < 0 or high >= backbone.num_classes):
+        raise ValueError(
+            f"labels in column {column!r} range from {low} to {high}, but the model has "
+            f"{backbone.num_classes} classes (0 to {backbone.num_classes - 1})."
+        )
+    return data
+
+
+def _match_names(names: Sequence[str], model_names: List[str]) -> Optional[List[int]]:
+    """The model's index of each of ``names``, matched exactly or else ignoring case; None if some do not match."""
+    for key in (str, str.casefold):
+        index = {key(name): position for position, name in enumerate(model_names)}
+        if len(index) == len(model_names) and all(key(name) in index for name in names):
+            return [index[key(name)] for name in names]
+    return None
+
+
+def _check_class_count(count: int, backbone: Backbone) -> None:
+    if backbone.num_classes is not None and count > backbone.num_classes:
+        raise ValueError(f"the dataset has {count} classes but the model has {backbone.num_classes}.")
+
+
+def _relabel(data: Any, column: str, new_index: Any, model_names: List[str]) -> Any:
+    """``data`` with ``column``'s value v replaced by ``new_index[v]``, typed as the model's ClassLabel."""
+    import datasets
+
+    features = data.features.copy()
+    features[column] = datasets.ClassLabel(names=model_names)
+
+    def relabel(values: List[Any]) -> Dict[str, List[int]]:
+        return {column: [new_index[value if isinstance(value, str) else int(value)] for value in values]}
+
+    return data.map(relabel, input_columns=column, batched=True, features=features, desc="Matching labels to the model's")
 
 
 def _pad_token_id(backbone: Backbone) -> int:
@@ -132,10 +254,16 @@ def _pad_value(key: str, pad_token_id: int) -> int:
     return pad_token_id if key == "input_ids" else 0
 
 
-def collate_rows(rows: List[Mapping[str, Any]], pad_token_id: int = 0) -> Dict[str, torch.Tensor]:
-    """Stack dict rows into a batch; 1-D token sequences of different lengths are right-padded."""
-    batch: Dict[str, torch.Tensor] = {}
+def collate_rows(rows: List[Mapping[str, Any]], pad_token_id: int = 0) -> Dict[str, Any]:
+    """Stack dict rows into a batch; 1-D token sequences of different lengths are right-padded.
+
+    Labels given as class names stay a list of strings (:func:`split_batch` matches them).
+    """
+    batch: Dict[str, Any] = {}
     for key in rows[0]:
+        if key in LABEL_KEYS and isinstance(rows[0][key], str):
+            batch[key] = [row[key] for row in rows]  # class names: matched to the model's in split_batch
+            continue
         values = [torch.as_tensor(row[key]) for row in rows]
         if all(value.shape == values[0].shape for value in values):
             batch[key] = torch.stack(values)
@@ -200,6 +328,7 @@ def _datasets_rows(
 ) -> PreparedData:
     columns = list(data.column_names)
     label_key = _find_column(columns, label_column, LABEL_KEYS, "label")
+    data = align_labels(data, label_key, backbone)
     if preprocess is not None:
         def to_item(row):
             return {**preprocess(row), "labels": row[label_key]}

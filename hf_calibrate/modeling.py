@@ -22,7 +22,7 @@ import itertools
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,10 @@ from transformers import (
 
 from . import _hub, cards, serialization
 from .backbones import Backbone, adapt
+from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from .data import prepare_data
-from .fitting import Engine, EngineOptions, fit_calibrator
+from .fitting import Engine, EngineOptions, check_finite_outputs, fit_calibrator, input_contract
 from .metrics import CalibrationMetrics, ReliabilityBins
 from .version import __version__
 
@@ -60,6 +61,12 @@ class CalibratedConfig(PreTrainedConfig):
     base_task: str = "image-classification"
     calibration_method: str = "temperature"
 
+    def __post_init__(self, **kwargs: Any) -> None:
+        """As transformers' configs, plus ``label2id`` derived from ``id2label`` when not given."""
+        super().__post_init__(**kwargs)
+        if self.label2id is None and self.id2label:
+            self.label2id = {label: index for index, label in self.id2label.items()}
+
 
 @contextlib.contextmanager
 def frozen(model: nn.Module) -> Iterator[None]:
@@ -77,17 +84,24 @@ def frozen(model: nn.Module) -> Iterator[None]:
         raise
 
 
-def _split_options(method: str, options: Dict[str, Any]):
-    method_class = calibrator_class(method)
+def _engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str]) -> EngineOptions:
+    """``EngineOptions`` from the engine's part of ``options``; a name that is neither an engine option
+    nor one of ``own_names`` (the options ``where`` itself takes) is a TypeError listing both."""
     engine_names = {field.name for field in dataclasses.fields(EngineOptions)}
-    method_names = {field.name for field in dataclasses.fields(method_class.Options)}
-    unknown = sorted(set(options) - engine_names - method_names)
+    unknown = sorted(set(options) - engine_names - set(own_names))
     if unknown:
         raise TypeError(
-            f"unknown option(s) {unknown} for method {method!r}. Its options: {', '.join(sorted(method_names)) or 'none'}; "
+            f"unknown option(s) {unknown} for {where}. Its options: {', '.join(sorted(own_names)) or 'none'}; "
             f"options of every fit: {', '.join(sorted(engine_names))}."
         )
-    engine_options = EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
+    return EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
+
+
+def _split_options(method: str, options: Dict[str, Any]):
+    """(engine options, method options) of ``fit``'s keywords, each checked for name, type and range."""
+    method_class = calibrator_class(method)
+    method_names = [field.name for field in dataclasses.fields(method_class.Options)]
+    engine_options = _engine_options(options, f"method {method!r}", method_names)
     method_options = parse_options(method_class.Options, {k: v for k, v in options.items() if k in method_names}, method)
     return engine_options, method_options
 
@@ -121,7 +135,8 @@ class CalibratedModel(PreTrainedModel):
         super().__init__(config)
         self.base_model = base_model
         self.calibrator = calibrator
-        self.backbone: Backbone = adapt(base_model, num_classes=calibrator.num_classes)
+        self.backbone: Backbone = adapt(base_model, num_classes=calibrator.num_classes,
+                                        classifier=getattr(calibrator, "classifier", None))
         self.main_input_name = self.backbone.input_key
         base_model.requires_grad_(False).eval()
         calibrator.requires_grad_(False)  # fitted: calling the model must not build a graph
@@ -226,11 +241,12 @@ class CalibratedModel(PreTrainedModel):
         """
         engine_options, method_options = _split_options(method, options)
         engine = Engine(engine_options)
-        backbone = adapt(model)
+        backbone = adapt(model, classifier=getattr(method_options, "classifier", None))
         with frozen(model):
             model.to(engine.device)
             prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_options.data_options())  # noqa: E731
             data = prepare(calibration_data)
+            contract = input_contract(backbone, data, engine)
             calibrator, summary = fit_calibrator(
                 backbone, data, method, method_options, engine,
                 validation=prepare(validation_data), temperature_data=prepare(temperature_data),
@@ -244,7 +260,7 @@ class CalibratedModel(PreTrainedModel):
         )
         calibrated = cls(config, model, calibrator).eval()
         calibrated.fit_summary = summary
-        calibrated.preprocessor = engine_options.preprocessor
+        calibrated.preprocessor = contract_preprocessor(engine_options.preprocessor, contract)
         calibrated.provenance = {
             "dataset": data.description,
             "dataset_name": data.name,
@@ -256,6 +272,7 @@ class CalibratedModel(PreTrainedModel):
             "mixed_precision": engine_options.mixed_precision or str(engine.accelerator.mixed_precision),
             "num_processes": engine.world,
             "base_fingerprint": serialization.weights_fingerprint(model),
+            "input_contract": contract,
         }
         return calibrated
 
@@ -278,8 +295,11 @@ class CalibratedModel(PreTrainedModel):
             where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics`
             and ``reliability`` holds the :class:`~hf_calibrate.metrics.ReliabilityBins` of each.
         """
-        options.setdefault("preprocessor", self.preprocessor)
-        engine = Engine(EngineOptions(**options))
+        for name, value in (("dataset_name", dataset_name), ("split", split)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
+        options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
+        engine = Engine(_engine_options(options, "evaluate", ("n_bins", "dataset_name", "split")))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
         uncalibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
@@ -287,8 +307,8 @@ class CalibratedModel(PreTrainedModel):
         logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
         batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
         with engine.progress(len(batches), "evaluating") as bar:
-            for _, micro_batches in engine.batches(prepared, batches):
-                for _, inputs, labels in micro_batches:
+            for number, micro_batches in engine.batches(prepared, batches):
+                for micro, inputs, labels in micro_batches:
                     with engine.autocast():
                         base_logits = self.backbone.logits(inputs).float()
                         if logit_space:
@@ -296,6 +316,8 @@ class CalibratedModel(PreTrainedModel):
                         else:
                             calibrated_logits = self._calibrated_forward(inputs)[0].float()
                     engine.check_labels(labels, self.calibrator.num_classes)
+                    check_finite_outputs(prepared, base_logits, torch.as_tensor(micro), number, "logits")
+                    check_finite_outputs(prepared, calibrated_logits, torch.as_tensor(micro), number, "calibrated logits")
                     uncalibrated.update(base_logits, labels, from_logits=True)
                     calibrated.update(calibrated_logits, labels, from_logits=True)
                 bar.update(1)
@@ -314,10 +336,12 @@ class CalibratedModel(PreTrainedModel):
     def calibration_record(
         self, *, base_weights: str = "included", base_model_id: Optional[str] = None, base_revision: Optional[str] = None
     ) -> Dict[str, Any]:
-        """The ``calibration_config.json`` contents (DESIGN §4) for this model."""
+        """The ``calibration_config.json`` contents for this model (schema: ``serialization.RECORD_SCHEMA``, docs/artifact.md)."""
         reference = serialization.hub_reference(self.base_model, self.backbone.library)
         delta = self.calibrator.input_perturbation
-        fit = {key: value for key, value in self.provenance.items() if key not in ("options", "base_fingerprint")}
+        delta_shape = list(delta.shape) if delta is not None else None
+        contract = self.provenance.get("input_contract") or fallback_contract(self.backbone, delta_shape)
+        fit = {key: value for key, value in self.provenance.items() if key not in ("options", "base_fingerprint", "input_contract")}
         fit["summary"] = {key: value for key, value in self.fit_summary.items() if key != "history"}
         return {
             "format_version": serialization.FORMAT_VERSION,
@@ -334,12 +358,9 @@ class CalibratedModel(PreTrainedModel):
                 "id2label": {str(k): v for k, v in self.config.id2label.items()},
                 "fingerprint": self.provenance.get("base_fingerprint"),
                 "weights": base_weights,
+                "classifier": self.backbone.classifier_name if self.calibrator.head is not None else None,
             },
-            "input_contract": {
-                "space": self.backbone.delta_space,
-                "shape": list(delta.shape) if delta is not None else None,
-                "preprocessing": self.backbone.preprocessing(),
-            },
+            "input_contract": {**contract, "shape": delta_shape},
             "fit": fit,
             "evaluation": _evaluation_record(self.last_evaluation),
             "files": {
@@ -361,7 +382,10 @@ class CalibratedModel(PreTrainedModel):
         is_main_process: bool = True,
         **transformers_kwargs: Any,
     ) -> Optional[Path]:
-        """Save the artifact of DESIGN §4 into ``save_directory`` (atomically).
+        """Save the artifact (docs/artifact.md) into ``save_directory``, crash-atomically.
+
+        Replaces only the files of the previous artifact there (its manifest); a user's other
+        files, folders and links are kept (overwriting one is a ``FileExistsError``).
 
         Args:
             include_base: save the base model's own files (default). With False the repo is
@@ -393,6 +417,9 @@ class CalibratedModel(PreTrainedModel):
                 "a reference-only save needs the base model's hub repo id; pass base_model_id=... (and "
                 "base_revision=<commit>) or save with include_base=True."
             )
+        problem = base_model_id is not None and serialization.repo_id_problem(base_model_id)
+        if problem:
+            raise ValueError(f"base_model_id={base_model_id!r} {problem}; pass the base's hub repo id, e.g. 'org/name'.")
         self.config.architectures = [type(self).__name__]
         evaluation = self.last_evaluation or {}
         return serialization.save_artifact(
@@ -414,46 +441,56 @@ class CalibratedModel(PreTrainedModel):
         subfolder: Optional[str] = None,
         base_model: Optional[nn.Module] = None,
         dtype: Any = None,
+        torch_dtype: Any = None,
+        device_map: Any = None,
         **kwargs: Any,
     ) -> "CalibratedModel":
         """Load a calibrated model from a folder or a hub repo id (``revision`` pins a commit).
 
-        Verifies the artifact (format, tensors, δ's shape, labels, base fingerprint) and
-        raises :class:`~hf_calibrate.serialization.ArtifactError` naming the file and the fix.
-        ``base_model`` supplies the base for calibrations of plain modules (or overrides the
-        saved base, which must still match the recorded fingerprint). ``dtype`` casts the
-        base after verification; the calibrator stays float32. Works offline from the cache
-        with ``HF_HUB_OFFLINE=1``. Also reached by ``AutoModelFor...from_pretrained`` and
-        ``pipeline(task, model=...)`` after ``import hf_calibrate``.
+        Verifies the artifact (record schema and digest, tensors, δ, labels, base fingerprint;
+        an :class:`~hf_calibrate.serialization.ArtifactError` names the file, key and fix) after
+        finishing a save of the folder that a crash interrupted. ``base_model`` supplies the base
+        of a plain-module calibration (or overrides the saved one; its fingerprint must match).
+
+        ``dtype`` (``torch_dtype`` is its older name): None or ``"auto"`` keep the dtype the base
+        was saved and fitted in (the one its fingerprint verifies); a floating ``torch.dtype`` or
+        its name (``"bfloat16"``) casts the base after verification. The calibrator stays
+        float32. ``device_map``: one device for the whole model (``"cpu"``, ``"cuda:0"``, ``0``,
+        ``{"": "cuda:0"}``; ``"auto"``: the first accelerator, else the CPU); a map splitting the
+        model is refused. Works offline from the cache (``HF_HUB_OFFLINE=1``); also reached by
+        ``AutoModelFor...from_pretrained`` and ``pipeline(task, model=...)``.
         """
         if model_args:
             raise TypeError("CalibratedModel.from_pretrained takes no positional model arguments.")
         unknown = set(kwargs) - _TRANSFORMERS_LOAD_KWARGS
         if unknown:
             raise TypeError(f"from_pretrained() got unexpected keyword argument(s) {sorted(unknown)}.")
+        target_dtype, device = _load_dtype(dtype, torch_dtype), _load_device(device_map)
         hub_options = dict(token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        serialization.recover_legacy_save(Path(pretrained_model_name_or_path))
         root = _hub.resolve_folder(
             pretrained_model_name_or_path, revision=revision, force_download=force_download, subfolder=subfolder, **hub_options
         )
-        record = serialization.read_record(root)
-        calibrator = serialization.load_calibrator(root, record)
-        base = base_model if base_model is not None else serialization.load_base(root, record, **hub_options)
-        backbone = adapt(base, num_classes=calibrator.num_classes)
-        serialization.verify_against_base(root, record, backbone, calibrator, base_passed=base_model is not None)
-        if isinstance(dtype, torch.dtype):
-            base.to(dtype)
+        record, calibrator, base, preprocessor = _load_verified(root, base_model, hub_options)
         base_info = record["base_model"]
+        id2label = {int(k): v for k, v in base_info["id2label"].items()}
         config = CalibratedConfig(
             base_library=base_info["library"], base_task=base_info["task"], calibration_method=record["method"],
-            id2label={int(k): v for k, v in base_info["id2label"].items()},
+            id2label=id2label, label2id=_label2id(base, id2label),
         )
+        if calibrator.head is not None:  # the base layer the head replaces, as fitted
+            calibrator.classifier = base_info.get("classifier")
         model = cls(config, base, calibrator.to(backbone_device(base)))
         model.fit_summary = dict(record["fit"].get("summary") or {})
         model.provenance = {key: value for key, value in record["fit"].items() if key != "summary"}
-        model.provenance.update(options=record.get("options", {}), base_fingerprint=base_info.get("fingerprint"))
-        model.last_evaluation = _evaluation_from_record(record.get("evaluation"))
-        model.preprocessor = serialization.load_preprocessor(root)
-        return model.eval()
+        model.provenance.update(
+            options=record.get("options", {}), base_fingerprint=base_info.get("fingerprint"), input_contract=record.get("input_contract")
+        )
+        model.last_evaluation = _evaluation_from_record(record.get("evaluation"), root)
+        model.preprocessor = preprocessor
+        if target_dtype is not None:
+            model.base_model.to(target_dtype)
+        return model.to(device).eval() if device is not None else model.eval()
 
     def push_to_hub(
         self,
@@ -516,11 +553,14 @@ def register_auto_classes() -> None:
 
 
 _TRANSFORMERS_SAVE_KWARGS = {"state_dict", "safe_serialization", "max_shard_size", "variant", "token", "save_function", "push_to_hub"}
-# What AutoModelFor*.from_pretrained and pipeline(...) may pass on; none of them changes how we load.
+# What AutoModelFor*.from_pretrained and pipeline(...) may pass on and that does not change how we load
+# (device_map, dtype and torch_dtype are arguments of their own).
 _TRANSFORMERS_LOAD_KWARGS = {
-    "config", "trust_remote_code", "adapter_kwargs", "device_map", "torch_dtype", "attn_implementation",
+    "config", "trust_remote_code", "adapter_kwargs", "attn_implementation",
     "low_cpu_mem_usage", "use_safetensors", "_from_auto", "_from_pipeline", "_commit_hash", "code_revision", "proxies",
 }
+# device_map strategies of transformers; one calibrated model always goes to one device
+_DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def backbone_device(model: nn.Module) -> torch.device:
@@ -541,9 +581,121 @@ def _evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[st
     }
 
 
-def _evaluation_from_record(record: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+def _evaluation_from_record(record: Optional[Dict[str, Any]], root: Optional[Path] = None) -> Optional[Dict[str, Any]]:
+    """:meth:`CalibratedModel.evaluate`'s result from the record's ``evaluation`` (ArtifactError when malformed)."""
     if not record:
         return None
     evaluation = {key: value for key, value in record.items() if key != "reliability"}
-    evaluation["reliability"] = {side: ReliabilityBins.from_dict(data) for side, data in (record.get("reliability") or {}).items()}
+    try:
+        evaluation["reliability"] = {side: ReliabilityBins.from_dict(data) for side, data in (record.get("reliability") or {}).items()}
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, OverflowError) as error:
+        file = (root or Path(".")) / serialization.CALIBRATION_CONFIG
+        raise serialization.ArtifactError(
+            f"{file}: key 'evaluation.reliability' is not a set of reliability bins ({type(error).__name__}: {error}); "
+            f"{serialization.RESAVE}"
+        ) from None
     return evaluation
+
+
+def _load_verified(
+    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any]
+) -> Tuple[Dict[str, Any], Calibrator, nn.Module, Any]:
+    """(record, calibrator, base, preprocessor) of the artifact in ``root``, each verified, under the folder's read lock."""
+    with serialization.reading(root):
+        record = serialization.read_record(root)
+        calibrator = serialization.load_calibrator(root, record)
+        base = base_model if base_model is not None else serialization.load_base(root, record, **hub_options)
+        backbone = adapt(base, num_classes=calibrator.num_classes)
+        serialization.verify_against_base(root, record, backbone, calibrator, base_passed=base_model is not None)
+        return record, calibrator, base, _load_preprocessor(root, record)
+
+
+def _load_preprocessor(root: Path, record: Dict[str, Any]) -> Any:
+    """The saved tokenizer / image processor; files that transformers cannot read are an ArtifactError."""
+    try:
+        return serialization.load_preprocessor(root, record)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError) as error:
+        raise serialization.ArtifactError(
+            f"{root}: the saved preprocessor (tokenizer or image processor files) cannot be loaded "
+            f"({type(error).__name__}: {str(error)[:300]}); {serialization.RESAVE}"
+        ) from None
+
+
+def _label2id(base: nn.Module, id2label: Dict[int, str]) -> Dict[str, int]:
+    """The base's own ``label2id`` when it agrees with ``id2label``, else ``id2label`` inverted."""
+    recorded = getattr(getattr(base, "config", None), "label2id", None)
+    inverted = {label: index for index, label in id2label.items()}
+    if isinstance(recorded, dict) and all(recorded.get(label) == index for label, index in inverted.items()):
+        return {str(label): int(index) for label, index in recorded.items()}
+    return inverted
+
+
+def _load_dtype(dtype: Any, torch_dtype: Any) -> Optional[torch.dtype]:
+    """The dtype to cast the loaded base to: None keeps the saved one (``None`` or ``"auto"``).
+
+    ``torch_dtype`` is the older name of ``dtype``; both may be given when they name the same dtype.
+    """
+    if torch_dtype is not None:
+        if dtype is not None and _resolve_dtype(dtype) != _resolve_dtype(torch_dtype):
+            raise TypeError(f"pass dtype= or torch_dtype= (its older name), not both: got {dtype!r} and {torch_dtype!r}.")
+        dtype = torch_dtype
+    return _resolve_dtype(dtype)
+
+
+def _resolve_dtype(dtype: Any) -> Optional[torch.dtype]:
+    """``dtype`` as a floating torch dtype; None for ``None`` or ``"auto"``."""
+    if dtype is None or dtype == "auto":
+        return None
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(
+            f"dtype={dtype!r} is not a floating-point dtype; pass 'auto' (the dtype the base was saved in), a torch "
+            "dtype such as torch.bfloat16, or its name ('float16', 'bfloat16', 'float32')."
+        )
+    return resolved
+
+
+def _load_device(device_map: Any) -> Optional[torch.device]:
+    """The one device ``device_map`` puts the whole model on (None: leave it where it loads)."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict):
+        devices = {str(value) for value in device_map.values()}
+        if len(devices) != 1:
+            raise ValueError(
+                f"device_map={device_map!r} splits the model over {sorted(devices)}; a calibrated model runs on one "
+                "device (δ is added at its input, the calibration acts on its output). Pass one device, e.g. "
+                "device_map='cuda:0', or 'auto'."
+            )
+        device_map = next(iter(device_map.values()))
+    if device_map in _DEVICE_MAP_STRATEGIES:
+        return _first_accelerator()
+    try:
+        device = torch.device(device_map)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device_map={device_map!r} names no device; pass e.g. 'cpu', 'cuda:0', 0 or 'auto'.") from None
+    _check_device_available(device)
+    return device
+
+
+def _first_accelerator() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _check_device_available(device: torch.device) -> None:
+    if device.type in ("meta", "disk"):
+        raise ValueError(f"device_map={str(device)!r} cannot hold a model that must run; load to 'cpu' or an accelerator.")
+    if device.type == "cpu":
+        return
+    module = getattr(torch, device.type, None)
+    available = module is not None and hasattr(module, "is_available") and module.is_available()
+    count = module.device_count() if available and hasattr(module, "device_count") else 0
+    if not available or (device.index is not None and device.index >= count):
+        raise ValueError(
+            f"device_map={str(device)!r} but this machine has no such device ({device.type} devices available: {count}); "
+            "pass device_map='cpu' or 'auto'."
+        )

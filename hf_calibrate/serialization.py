@@ -1,11 +1,12 @@
-"""The saved artifact (DESIGN §4): one folder = one hub repo. No network here (see ``_hub``).
+"""The saved artifact: one folder = one hub repo. No network here except a reference-only base (see ``_hub``).
 
 Layout::
 
     config.json                  CalibratedConfig (model_type "hf_calibrate"); for a timm base
                                  also timm's own keys (architecture, pretrained_cfg, ...)
-    calibration_config.json      the full record: format, method, options, base identity,
-                                 input contract, fit provenance, metrics
+    calibration_config.json      the record: format, method, calibrator shapes, options, base
+                                 identity, input contract, fit provenance, metrics, and the
+                                 manifest and digests of the files this library wrote
     calibration.safetensors      the calibrator's tensors (δ, log T, head weights, ...)
     model.safetensors            timm base weights (timm's own layout, at the root)
     base/                        transformers base (its own save_pretrained layout)
@@ -14,45 +15,96 @@ Layout::
 So ``timm.create_model("hf-hub:<repo>", pretrained=True)`` or
 ``AutoModelFor...from_pretrained(<repo>, subfolder="base")`` still give the uncalibrated
 base. A reference-only artifact omits the base weights and names the base repo and commit.
+The design notes are in ``docs/artifact.md``.
 
-Loading verifies everything it can and fails with the file and the fix: format version,
-method, strict tensor names and shapes, δ against the base's input contract, labels, and a
-SHA-256 fingerprint of the base weights recorded at fit time. Only safetensors are read
-(never pickle), nothing needs ``trust_remote_code``, and file names taken from configs must
-stay inside the folder. Saving is atomic: the artifact is written into a temporary sibling
-folder that replaces the target only when complete.
+**Loading trusts nothing it has not checked.** ``calibration_config.json`` is checked against
+:data:`RECORD_SCHEMA` — one table of key → type, range and size bound, plus cross-field rules —
+before anything is allocated; a format-2 record must also match its own SHA-256
+(``record_sha256``), so an edited or corrupted record is refused rather than half-believed. The
+calibrator is first built on the ``meta`` device to learn its tensor names, shapes and dtypes;
+the tensor file must fit them (size, names, shapes, dtypes), hold only finite values in each
+tensor's range (:data:`TENSOR_RANGES`, e.g. |log T| ≤ log 10⁴) and match the SHA-256 in the
+record. Then δ is checked against the base's input, the labels against the base's and the base
+weights against the fingerprint recorded at fit time. Every failure is an
+:class:`ArtifactError` naming the file, the key and the fix. Only safetensors are read, nothing
+needs ``trust_remote_code``, file names from the record stay inside the folder, a reference
+base is fetched by the hub protocol only (never from a local path), and a base folder holding a
+calibrated model (``files.base: "."``, a link back) is refused instead of recursed into.
+
+**Saving replaces only this library's files, crash-atomically.** The record lists every file
+the artifact wrote (``files.manifest``). A save writes the complete new artifact into a hidden
+staging folder inside the target, then commits by atomically writing a journal
+(:data:`JOURNAL_FILE`) listing the files to install and the previous artifact's files to
+delete; only then are files moved into place with ``os.replace``, the stale ones deleted, the
+staging folder and finally the journal removed. A process killed before the commit leaves the
+old artifact untouched (plus a staging folder that the next save or load removes); killed after
+it, the next :meth:`~hf_calibrate.CalibratedModel.from_pretrained` or save rolls the journal
+forward, so the path always loads as the complete old or the complete new artifact. Files the
+manifest does not list — a user's notes, folders, links, their own README.md — are never
+touched, and a save that would overwrite one is refused. Saves and loads of one folder take an
+advisory ``flock`` (exclusive / shared) on it, so a load never reads a half-applied save.
+:data:`SAVE_STEP_HOOK` is a test hook called between the steps (the kill tests use it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fnmatch
 import hashlib
+import inspect
 import json
+import math
 import os
+import re
+import secrets
 import shutil
-import tempfile
-from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NoReturn, Optional, Set, Tuple
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
 from torch import nn
 
 from .backbones import Backbone
-from .calibrators import Calibrator, calibrator_class
+from .calibrators import CALIBRATORS, Calibrator, calibrator_class
 from .version import __version__
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: manifest and SHA-256 digests; version 1 records still load
 CALIBRATION_CONFIG = "calibration_config.json"
 CALIBRATION_WEIGHTS = "calibration.safetensors"
 BASE_FOLDER = "base"
 CARD_FILE = "README.md"
 CARD_MARKER = "<!-- generated by hf_calibrate -->"
+DIAGRAM_FILE = "reliability_diagram.png"  # the same name as cards.DIAGRAM_FILE
+JOURNAL_FILE = ".hf_calibrate-journal.json"
+STAGING_PREFIX = ".hf_calibrate-staging-"
+RECORD_DIGEST_KEY = "record_sha256"
+
+# Bounds checked before anything is allocated.
+MAX_RECORD_BYTES = 32 * 2**20
+MAX_CLASSES = 1_000_000
+MAX_DELTA_ELEMENTS = 2**26  # 3 × 4096 × 4096 images fit
+MAX_CALIBRATION_ELEMENTS = 2**30
+MAX_TENSOR_HEADER_BYTES = 2**20
+MAX_LOG_TEMPERATURE = math.log(1e4)  # T within [1e-4, 1e4]
+MAX_ABS_VALUE = 1e6  # any other calibration tensor
+
+RESAVE = "re-save or re-download the calibration (CalibratedModel.save_pretrained, or from_pretrained(..., force_download=True))."
+UPGRADE = "Upgrade hf-calibrate (`pip install -U hf-calibrate`) if the calibration comes from a newer version, else re-save it."
+
+#: Test hook: called with a step name between the steps of a save (see the module docstring).
+SAVE_STEP_HOOK: Optional[Callable[[str], None]] = None
 
 
 class ArtifactError(ValueError):
     """A saved calibration that cannot be loaded as it is; the message names the file and the fix."""
+
+
+def _fail(file: Any, key: str, problem: str, fix: str = RESAVE) -> NoReturn:
+    raise ArtifactError(f"{file}: {key} {problem}; {fix}")
 
 
 # ----------------------------------------------------------------------------- identity
@@ -71,25 +123,343 @@ def weights_fingerprint(model: nn.Module) -> str:
 def hub_reference(model: nn.Module, library: str) -> Dict[str, Optional[str]]:
     """The base's hub repo id and commit, when the model reliably records where it came from.
 
-    transformers models record it (``config._name_or_path`` and ``_commit_hash``); timm models
-    do not (their ``pretrained_cfg`` names a hub id whether or not its weights were loaded), so
-    for timm pass ``base_model_id`` when saving.
+    transformers models record it (``config._name_or_path`` and ``_commit_hash``); a name that
+    is a local path or not a valid repo id is not a hub reference. timm models do not record it
+    (their ``pretrained_cfg`` names a hub id whether or not its weights were loaded), so for
+    timm pass ``base_model_id`` when saving.
     """
-    if library == "timm":  # pretrained_cfg names a hub id even for random weights: no reliable source
+    if library != "transformers":
         return {"repo_id": None, "revision": None}
-    if library == "transformers":
-        name = getattr(model.config, "_name_or_path", None) or None
-        local = name is not None and os.path.isdir(name)
-        return {"repo_id": None if local else name, "revision": getattr(model.config, "_commit_hash", None)}
-    return {"repo_id": None, "revision": None}
+    name = getattr(model.config, "_name_or_path", None) or None
+    if name is not None and (os.path.isdir(name) or repo_id_problem(name)):
+        name = None
+    revision = getattr(model.config, "_commit_hash", None)
+    return {"repo_id": name, "revision": revision if isinstance(revision, str) else None}
 
 
-# ----------------------------------------------------------------------------- paths, atomic writes
+def repo_id_problem(value: Any) -> Optional[str]:
+    """Why ``value`` is not a hub repo id (``namespace/name``), or None when it is one."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(value, str):
+        return "must be a hub repo id string"
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return "is not a hub repo id ('namespace/name'; a local path is not accepted)"
+    return None
+
+
+# ----------------------------------------------------------------------------- the record schema
+
+Check = Callable[[Any], Optional[str]]  # None when the value is fine, else what it must be
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(low: int, high: int) -> Check:
+    return lambda value: None if _is_int(value) and low <= value <= high else f"must be an integer in [{low}, {high}]"
+
+
+def _text(max_length: int = 256, pattern: str = r"[^\x00-\x1f]*") -> Check:
+    compiled = re.compile(pattern)
+
+    def check(value: Any) -> Optional[str]:
+        if isinstance(value, str) and len(value) <= max_length and compiled.fullmatch(value):
+            return None
+        return f"must be a string of at most {max_length} characters matching {pattern}"
+
+    return check
+
+
+def _choice(*allowed: str) -> Check:
+    return lambda value: None if isinstance(value, str) and value in allowed else f"must be one of {list(allowed)}"
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+def _mapping(value: Any) -> Optional[str]:
+    return None if isinstance(value, dict) else "must be a JSON object"
+
+
+def _json_problem(value: Any, depth: int) -> Optional[str]:
+    """Why ``value`` is not a finite JSON value nested at most ``depth`` levels deep."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "must hold finite numbers only"
+    if depth <= 0:
+        return "is nested too deeply"
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+    if items is None:
+        return "must hold JSON values only"
+    return next((problem for item in items if (problem := _json_problem(item, depth - 1))), None)
+
+
+def _json_object(max_depth: int = 4) -> Check:
+    """A JSON object of scalars, lists and objects (finite numbers, bounded depth)."""
+    return lambda value: _mapping(value) or _json_problem(value, max_depth)
+
+
+def _int_list(max_length: int, high: int, max_product: int) -> Check:
+    def check(value: Any) -> Optional[str]:
+        if (
+            isinstance(value, list) and 1 <= len(value) <= max_length
+            and all(_is_int(item) and 1 <= item <= high for item in value) and math.prod(value) <= max_product
+        ):
+            return None
+        return f"must be a list of 1 to {max_length} positive integers (at most {high} each, product at most {max_product})"
+
+    return check
+
+
+def path_problem(value: Any) -> Optional[str]:
+    """Why ``value`` is not a plain relative path inside a folder, or None."""
+    if (
+        isinstance(value, str) and 0 < len(value) <= 512 and not os.path.isabs(value) and "\\" not in value
+        and "\x00" not in value and ".." not in PurePosixPath(value).parts and os.path.normpath(value) != "."
+        and not value.startswith("/")
+    ):
+        return None
+    return "is not a plain relative path inside the folder"
+
+
+def _path_list(value: Any) -> Optional[str]:
+    if isinstance(value, list) and len(value) <= 100_000 and not any(path_problem(item) for item in value):
+        return None
+    return "must be a list of plain relative paths inside the folder"
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256(value: Any) -> Optional[str]:
+    return None if isinstance(value, str) and _SHA256.fullmatch(value) else "must be a SHA-256 digest (64 hex digits)"
+
+
+def _sha256_map(value: Any) -> Optional[str]:
+    if isinstance(value, dict) and not any(path_problem(name) or _sha256(digest) for name, digest in value.items()):
+        return None
+    return "must map relative file paths to SHA-256 digests"
+
+
+def _label_map(value: Any) -> Optional[str]:
+    if isinstance(value, dict) and len(value) <= MAX_CLASSES and all(
+        re.fullmatch(r"0|[1-9][0-9]{0,6}", key) and isinstance(label, str) and len(label) <= 4096
+        for key, label in value.items()
+    ):
+        return None
+    return "must map class indices ('0', '1', ...) to label strings"
+
+
+def _number_list(value: Any, low: float, high: float, allow_null: bool) -> bool:
+    return isinstance(value, list) and all(
+        (item is None and allow_null) or (isinstance(item, (int, float)) and not isinstance(item, bool) and low <= item <= high)
+        for item in value
+    )
+
+
+def _reliability(value: Any) -> Optional[str]:
+    """Reliability bins by side: equal-length lists of counts (≥ 0) and of mean confidence and accuracy (in [0, 1] or null)."""
+    if isinstance(value, dict) and len(value) <= 16 and all(
+        isinstance(bins, dict) and _number_list(bins.get("counts"), 0, 2.0**53, False)
+        and all(_number_list(bins.get(key), 0.0, 1.0 + 1e-9, True) for key in ("mean_confidence", "accuracy"))
+        and len(bins["counts"]) == len(bins["mean_confidence"]) == len(bins["accuracy"]) <= 100_000
+        for bins in value.values()
+    ):
+        return None
+    return "must map each side to equal-length lists 'counts' (numbers >= 0), 'mean_confidence' and 'accuracy' (in [0, 1] or null)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One key of the record: its check, the format version from which it is required, the fix."""
+
+    check: Check
+    required_since: Optional[int] = None  # None: optional in every version
+    fix: str = RESAVE
+
+
+_SPACES = ("pixel_values", "inputs_embeds", "input")
+_TASKS = ("image-classification", "text-classification", "tensor-classification")
+_FINGERPRINT = r"sha256:[0-9a-f]{64}"
+_LIBRARY_TASKS = {"timm": _TASKS[:1], "transformers": _TASKS[:2], "torch": _TASKS[2:]}
+
+#: Every key of ``calibration_config.json`` that loading reads, by dotted path (parents first).
+#: Keys not listed are tolerated (format-2 records are covered by ``record_sha256`` anyway).
+#: To add a key, add one line.
+RECORD_SCHEMA: Dict[str, Field] = {
+    "format_version": Field(_integer(1, FORMAT_VERSION), 1, UPGRADE),
+    "library_version": Field(_text(64)),
+    "method": Field(_choice(*CALIBRATORS), 1, UPGRADE),
+    "calibrator": Field(_mapping, 1),
+    "calibrator.num_classes": Field(_integer(1, MAX_CLASSES), 1),
+    "calibrator.delta_shape": Field(_int_list(4, 2**24, MAX_DELTA_ELEMENTS)),
+    "calibrator.delta_space": Field(_choice(*_SPACES)),
+    "calibrator.n_bins": Field(_integer(1, 100_000)),
+    "calibrator.mode": Field(_choice("top_label", "one_vs_rest")),
+    "calibrator.num_knots": Field(_integer(2, 1_000_000)),
+    "calibrator.feature_dim": Field(_integer(1, 1_000_000)),
+    "calibrator.latent_dim": Field(_integer(1, 1_000_000)),
+    "calibrator.samples": Field(_integer(1, 10_000)),
+    "calibrator.prediction": Field(_choice("sample", "mean")),
+    "options": Field(_json_object(), 1),
+    "base_model": Field(_mapping, 1),
+    "base_model.library": Field(_choice("timm", "transformers", "torch"), 1),
+    "base_model.task": Field(_choice(*_TASKS), 1),
+    "base_model.weights": Field(_choice("included", "reference", "not_saved"), 1),
+    "base_model.repo_id": Field(_optional(repo_id_problem)),
+    "base_model.revision": Field(_optional(_text(256, r"[A-Za-z0-9._/+=-]+"))),
+    "base_model.num_labels": Field(_integer(1, MAX_CLASSES), 1),
+    "base_model.id2label": Field(_label_map, 1),
+    "base_model.fingerprint": Field(_optional(_text(71, _FINGERPRINT))),
+    "base_model.classifier": Field(_optional(_text(512))),
+    "input_contract": Field(_mapping),
+    "input_contract.space": Field(_optional(_choice(*_SPACES))),
+    "input_contract.shape": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS))),
+    "input_contract.input_size": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS))),
+    "input_contract.preprocessing": Field(_optional(_json_object())),
+    "input_contract.preprocessing.max_length": Field(_optional(_integer(1, 10**12))),
+    "preprocessing": Field(_optional(_json_object())),
+    "fit": Field(_mapping, 1),
+    "fit.summary": Field(_optional(_mapping)),
+    "evaluation": Field(_optional(_mapping)),
+    "evaluation.reliability": Field(_optional(_reliability)),
+    "files": Field(_mapping, 1),
+    "files.weights": Field(path_problem, 1),
+    "files.base": Field(_optional(path_problem)),
+    "files.manifest": Field(_path_list, 2),
+    "files.sha256": Field(_sha256_map, 2),
+    RECORD_DIGEST_KEY: Field(_sha256, 2),
+}
+
+
+def _lookup(record: Dict[str, Any], key: str) -> Tuple[bool, Any]:
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _check_version(record: Any, file: Any) -> int:
+    version = record.get("format_version") if isinstance(record, dict) else None
+    if not _is_int(version):
+        raise ArtifactError(f"{file} has no integer format_version; it is not an hf_calibrate record. {RESAVE}")
+    if version > FORMAT_VERSION:
+        raise ArtifactError(
+            f"{file} has format version {version}, newer than this hf_calibrate {__version__} reads "
+            f"({FORMAT_VERSION}); upgrade with `pip install -U hf-calibrate`."
+        )
+    return version
+
+
+def validate_record(record: Any, file: Any) -> None:
+    """Check ``record`` against :data:`RECORD_SCHEMA`, the cross-field rules and (format 2) its digest."""
+    version = _check_version(record, file)
+    for key, field in RECORD_SCHEMA.items():
+        present, value = _lookup(record, key)
+        if not present:
+            if field.required_since is not None and version >= field.required_since:
+                _fail(file, f"key {key!r}", "is missing", field.fix)
+            continue
+        problem = field.check(value)
+        if problem:
+            _fail(file, f"key {key!r}", f"{problem}, found {_shown(value)}", field.fix)
+    _check_consistency(record, version, file)
+    if RECORD_DIGEST_KEY in record and record[RECORD_DIGEST_KEY] != record_digest(record):  # checked in any version
+        _fail(
+            file, f"key {RECORD_DIGEST_KEY!r}", "does not match the record: the file was changed after it was saved "
+            "(edited, corrupted or mixed with another save), and hand-edited records are not loaded",
+        )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _check_consistency(record: Dict[str, Any], version: int, file: Any) -> None:
+    """Rules between keys (each names the key it faults)."""
+    base, files, calibrator = record["base_model"], record["files"], record["calibrator"]
+    classes, library, weights = calibrator["num_classes"], base["library"], base["weights"]
+    contract = record.get("input_contract") or {}
+    delta = calibrator.get("delta_shape")
+    rules = [
+        ("base_model.num_labels", base["num_labels"] == classes, f"is {base['num_labels']} but calibrator.num_classes is {classes}"),
+        ("base_model.id2label", set(base["id2label"]) == {str(i) for i in range(classes)}, f"must name each class 0..{classes - 1} once"),
+        ("base_model.weights", (library == "torch") == (weights == "not_saved"), f"is {weights!r}, impossible for a {library} base"),
+        ("base_model.task", base["task"] in _LIBRARY_TASKS[library], f"must be one of {_LIBRARY_TASKS[library]} for a {library} base"),
+        ("base_model.repo_id", weights != "reference" or bool(base.get("repo_id")), "must name the base repo of a reference-only calibration"),
+        ("files.base", (library == "transformers" and weights == "included") == bool(files.get("base")),
+         "must name the base model folder exactly when a transformers base is included"),
+        ("calibrator.delta_space", None in (calibrator.get("delta_space"), contract.get("space"))
+         or calibrator.get("delta_space") == contract.get("space"), "differs from input_contract.space"),
+        ("input_contract.shape", None in (delta, contract.get("shape")) or delta == contract.get("shape"), f"differs from calibrator.delta_shape {delta}"),
+        ("input_contract.input_size", _input_size_fits(base["task"], contract.get("input_size")),
+         "must be [channels, height, width] for an image model and null for a text model"),
+    ]
+    if version >= 2:
+        rules += [
+            ("files.manifest", {CALIBRATION_CONFIG, files["weights"]} <= set(files["manifest"]), "must list the record and the weights file"),
+            ("files.sha256", files["weights"] in files["sha256"], f"must hold the digest of {files['weights']}"),
+        ]
+    for key, ok, problem in rules:
+        if not ok:
+            _fail(file, f"key {key!r}", problem)
+
+
+def _input_size_fits(task: str, size: Optional[List[int]]) -> bool:
+    """The calibrated input size: [C, H, W] for images, none for text, any shape for plain tensors."""
+    if size is None:
+        return True
+    return {"image-classification": len(size) == 3, "text-classification": False}.get(task, True)
+
+
+def record_digest(record: Dict[str, Any]) -> str:
+    """SHA-256 of the record's canonical JSON (sorted keys, no spaces, ASCII), without ``record_sha256``."""
+    body = {key: value for key, value in record.items() if key != RECORD_DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
+
+
+def seal_record(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The record as JSON will read it back, with its ``record_sha256`` (re)computed."""
+    normalised = json.loads(json.dumps(record, default=_json_default))
+    normalised[RECORD_DIGEST_KEY] = record_digest(normalised)
+    return normalised
+
+
+# ----------------------------------------------------------------------------- reading the record
+
+
+def read_record(root: Path) -> Dict[str, Any]:
+    """Parse ``calibration_config.json`` and check it (:func:`validate_record`) before anything is built."""
+    path = root / CALIBRATION_CONFIG
+    if not path.is_file():
+        raise ArtifactError(
+            f"{root} has no {CALIBRATION_CONFIG}: it is not an hf_calibrate calibration. Save one with "
+            "CalibratedModel.save_pretrained(...)."
+        )
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        _fail(path, "the file", f"is larger than {MAX_RECORD_BYTES} bytes, far more than any calibration record")
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ArtifactError(f"{path} is not valid JSON ({str(error)[:200]}); re-save or re-download the calibration.") from None
+    if not isinstance(record, dict):
+        raise ArtifactError(f"{path} is not a JSON object; it is not an hf_calibrate record. {RESAVE}")
+    validate_record(record, path)
+    return record
 
 
 def safe_join(root: Path, name: str, *, what: str) -> Path:
     """``root / name`` for a file name read from a config; refuse anything leaving ``root``."""
-    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in Path(name).parts:
+    if path_problem(name):
         raise ArtifactError(
             f"{CALIBRATION_CONFIG} names {what} {name!r}, which is not a plain relative path inside the folder; "
             "the file was tampered with or corrupted — re-save or re-download the calibration."
@@ -102,157 +472,107 @@ def safe_join(root: Path, name: str, *, what: str) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def atomic_folder(target: Path, *, keep_user_card: bool) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces ``target``, else it is removed.
+# ----------------------------------------------------------------------------- the calibrator tensors
 
-    Files already in ``target`` that the new artifact does not write are carried over (a
-    user's own files are never lost), except files the previous artifact itself wrote and the
-    new one no longer does (its base weights, its reliability diagram); so is a ``README.md``
-    not generated by hf_calibrate when ``keep_user_card``. If the final swap fails, the old
-    folder is put back.
-    """
-    target = Path(target).absolute()
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a folder; save the calibration to a folder path.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+#: Allowed closed value range by the last part of a tensor name; any other float tensor must lie
+#: within ±MAX_ABS_VALUE. Every float tensor must be finite.
+TENSOR_RANGES: Dict[str, Tuple[float, float]] = {
+    "log_temperature": (-MAX_LOG_TEMPERATURE, MAX_LOG_TEMPERATURE),
+    "log_scale": (-MAX_LOG_TEMPERATURE, MAX_LOG_TEMPERATURE),
+    "bin_values": (0.0, 1.0),
+    "knots_x": (0.0, 1.0),
+    "knots_y": (0.0, 1.0),
+    "retention": (1e-6, 1.0),
+}
+MONOTONE_TENSORS = ("knots_x", "knots_y")  # non-decreasing along their last dimension
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _expected_tensors(cls: type, config: Dict[str, Any], file: Any) -> Dict[str, torch.Tensor]:
+    """The calibrator's state (names, shapes, dtypes) built on the ``meta`` device: nothing is allocated."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    names = {parameter.name for parameter in parameters}
+    required = {parameter.name for parameter in parameters if parameter.default is inspect.Parameter.empty}
+    unknown, missing = sorted(set(config) - names), sorted(required - set(config))
+    if unknown or missing:
+        _fail(file, "key 'calibrator'", f"does not fit method {cls.method!r} (unknown keys {unknown}, missing keys {missing})")
     try:
-        yield staging
-        if target.exists():
-            _carry_over(target, staging, keep_user_card)
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            old = backup / "old"
-            try:
-                os.replace(target, old)
-                try:
-                    os.replace(staging, target)
-                except BaseException:
-                    os.replace(old, target)  # put the previous artifact back
-                    raise
-            finally:
-                if not old.exists() or target.exists():
-                    shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        with torch.device("meta"):
+            probe = cls.from_config(config)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        _fail(file, "key 'calibrator'", f"does not describe a valid {cls.method!r} calibrator ({error})")
+    state = probe.state_dict()
+    total = sum(tensor.numel() for tensor in state.values())
+    if total > MAX_CALIBRATION_ELEMENTS:
+        _fail(file, "key 'calibrator'", f"implies {total} calibration values, more than the {MAX_CALIBRATION_ELEMENTS} allowed")
+    return state
 
 
-def _carry_over(old: Path, new: Path, keep_user_card: bool) -> None:
-    stale = _previous_artifact_files(old)
-    for path in old.rglob("*"):
-        relative = path.relative_to(old)
-        destination = new / relative
-        if relative == Path(CARD_FILE) and path.is_file():
-            if keep_user_card and not is_generated_card(path):
-                shutil.copy2(path, destination)
-            continue
-        if relative in stale:
-            continue
-        if path.is_file() and not destination.exists() and relative.parts[0] != BASE_FOLDER:
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, destination)
-
-
-def _previous_artifact_files(old: Path) -> set:
-    """Relative paths of files the artifact saved in ``old`` wrote itself (not a user's files)."""
-    from .cards import DIAGRAM_FILE
-
-    try:
-        record = json.loads((old / CALIBRATION_CONFIG).read_text(encoding="utf-8"))
-        base = record["base_model"]
-        owned = {Path(DIAGRAM_FILE)} if record.get("evaluation") else set()
-        if base.get("library") == "timm" and base.get("weights") == "included":
-            owned.add(Path("model.safetensors"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-    return owned
-
-
-def is_generated_card(path: Path) -> bool:
-    return CARD_MARKER in path.read_text(encoding="utf-8", errors="replace")
-
-
-def write_json(path: Path, payload: Dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n", encoding="utf-8")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    if callable(value):
-        return getattr(value, "__qualname__", repr(value))
-    return repr(value)
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def read_record(root: Path) -> Dict[str, Any]:
-    """Parse and check ``calibration_config.json`` (format version and required keys)."""
-    path = root / CALIBRATION_CONFIG
-    if not path.is_file():
-        raise ArtifactError(
-            f"{root} has no {CALIBRATION_CONFIG}: it is not an hf_calibrate calibration. Save one with "
-            "CalibratedModel.save_pretrained(...)."
-        )
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ArtifactError(f"{path} is not valid JSON ({error}); re-save or re-download the calibration.") from None
-    version = record.get("format_version") if isinstance(record, dict) else None
-    if not isinstance(version, int):
-        raise ArtifactError(f"{path} has no integer format_version; it is not an hf_calibrate record.")
-    if version > FORMAT_VERSION:
-        raise ArtifactError(
-            f"{path} has format version {version}, newer than this hf_calibrate {__version__} reads "
-            f"({FORMAT_VERSION}); upgrade with `pip install -U hf-calibrate`."
-        )
-    for key in ("method", "calibrator", "base_model", "files"):
-        if key not in record:
-            raise ArtifactError(f"{path} lacks the {key!r} entry; re-save the calibration.")
-    return record
-
-
-def load_calibrator(root: Path, record: Dict[str, Any]) -> Calibrator:
-    """Rebuild the calibrator from the record and load its tensors strictly."""
-    try:
-        cls = calibrator_class(record["method"])
-    except ValueError as error:
-        raise ArtifactError(f"{root / CALIBRATION_CONFIG}: {error} Upgrade hf-calibrate if it is newer.") from None
-    try:
-        calibrator = cls.from_config(record["calibrator"])
-    except (TypeError, ValueError) as error:
-        raise ArtifactError(f"{root / CALIBRATION_CONFIG}: invalid calibrator settings ({error}).") from None
-    path = safe_join(root, record["files"].get("weights", CALIBRATION_WEIGHTS), what="weights file")
+def _read_tensors(path: Path, expected: Dict[str, torch.Tensor], method: str) -> Tuple[Dict[str, torch.Tensor], bytes]:
+    """The tensors of ``path`` (and its bytes), after checking its size, names, shapes and dtypes."""
     if not path.is_file():
         raise ArtifactError(f"{path} is missing; the calibration folder is incomplete — re-save or re-download it.")
+    limit = sum(tensor.numel() * 8 for tensor in expected.values()) + MAX_TENSOR_HEADER_BYTES
+    if path.stat().st_size > limit:
+        _fail(path, "the file", f"is larger ({path.stat().st_size} bytes) than the tensors of this calibration can be")
+    data = path.read_bytes()
     try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as error:
+        tensors = load_safetensors(data)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise ArtifactError(
             f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated — re-download it "
             "(force_download=True) or re-save the calibration."
         ) from None
-    expected = calibrator.expected_shapes()
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise ArtifactError(
-            f"{path} does not match method {record['method']!r}: missing tensors {missing}, unexpected tensors "
+            f"{path} does not match method {method!r}: missing tensors {missing}, unexpected tensors "
             f"{unexpected}. The file and {CALIBRATION_CONFIG} come from different calibrations — re-save them together."
         )
-    for name, shape in expected.items():
-        if tuple(tensors[name].shape) != shape:
-            raise ArtifactError(
-                f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)} but {CALIBRATION_CONFIG} implies {shape}; "
-                "re-save the calibration."
-            )
+    for name, reference in expected.items():
+        _check_tensor_layout(path, name, tensors[name], reference)
+    return tensors, data
+
+
+def _check_tensor_layout(path: Path, name: str, tensor: torch.Tensor, reference: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(reference.shape):
+        _fail(path, f"tensor {name!r}", f"has shape {tuple(tensor.shape)} but {CALIBRATION_CONFIG} implies {tuple(reference.shape)}")
+    floating = reference.dtype in _FLOAT_DTYPES
+    if (tensor.dtype not in _FLOAT_DTYPES) if floating else tensor.dtype != reference.dtype:
+        _fail(path, f"tensor {name!r}", f"has dtype {tensor.dtype} but this method saves {reference.dtype}")
+
+
+def check_tensor_values(path: Any, tensors: Dict[str, torch.Tensor]) -> None:
+    """Every float tensor finite and within its :data:`TENSOR_RANGES` range; monotone knots."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        values = tensor.detach().double().cpu()
+        if not torch.isfinite(values).all():
+            _fail(path, f"tensor {name!r}", "holds NaN or infinite values, which no fit produces")
+        last = name.rsplit(".", 1)[-1]
+        low, high = TENSOR_RANGES.get(last, (-MAX_ABS_VALUE, MAX_ABS_VALUE))
+        smallest, largest = float(values.min()), float(values.max())
+        if smallest < low or largest > high:
+            _fail(path, f"tensor {name!r}", f"has values in [{smallest:.6g}, {largest:.6g}], outside [{low:.6g}, {high:.6g}]")
+        if last in MONOTONE_TENSORS and values.ndim >= 1 and bool((values.diff(dim=-1) < 0).any()):
+            _fail(path, f"tensor {name!r}", "is not non-decreasing along its rows")
+
+
+def load_calibrator(root: Path, record: Dict[str, Any]) -> Calibrator:
+    """Rebuild the calibrator from a checked record: shapes first (on ``meta``), then verified tensors."""
+    file = root / CALIBRATION_CONFIG
+    cls = calibrator_class(record["method"])
+    expected = _expected_tensors(cls, record["calibrator"], file)
+    weights_name = record["files"]["weights"]
+    path = safe_join(root, weights_name, what="weights file")
+    tensors, data = _read_tensors(path, expected, record["method"])
+    check_tensor_values(path, tensors)
+    recorded = (record["files"].get("sha256") or {}).get(weights_name)
+    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
+        _fail(path, "the file", f"does not match the SHA-256 recorded in {CALIBRATION_CONFIG} (key 'files.sha256'): "
+              "it is corrupted or from another save")
+    calibrator = cls.from_config(record["calibrator"])
     calibrator.load_state_dict(tensors, strict=True)
     calibrator.is_fitted = True
     return calibrator
@@ -281,12 +601,18 @@ def verify_against_base(
             "load the calibration with the base it was fitted on."
         )
     delta = calibrator.input_perturbation
+    space = getattr(calibrator, "delta_space", None)
+    if delta is not None and space is not None and space != backbone.delta_space:
+        raise ArtifactError(
+            f"{root / CALIBRATION_CONFIG}: key 'calibrator.delta_space' is {space!r} but the base model takes δ in "
+            f"{backbone.delta_space!r}; the calibration belongs to another base — load it with the base it was fitted on."
+        )
     expected_shape = backbone.default_delta_shape()
     if delta is not None and expected_shape is not None and tuple(delta.shape) != tuple(expected_shape):
         raise ArtifactError(
-            f"the perturbation δ in {root / CALIBRATION_WEIGHTS} has shape {tuple(delta.shape)} but the base model "
-            f"takes {backbone.delta_space} of shape {tuple(expected_shape)}; the calibration belongs to another base — "
-            "load it with the base it was fitted on, or refit it on this one."
+            f"the perturbation δ in {root / record['files']['weights']} has shape {tuple(delta.shape)} but the base "
+            f"model takes {backbone.delta_space} of shape {tuple(expected_shape)}; the calibration belongs to another "
+            "base — load it with the base it was fitted on, or refit it on this one."
         )
     recorded = base.get("fingerprint")
     if recorded:
@@ -314,12 +640,441 @@ def _base_source(root: Path, record: Dict[str, Any], base_passed: Optional[bool]
     return f"from {source}" + (" unless you passed base_model=" if base_passed is None else "")
 
 
-def save_calibrator(calibrator: Calibrator, path: Path) -> None:
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in calibrator.state_dict().items()}
-    save_file(tensors, str(path), metadata={"format": "pt", "method": calibrator.method})
-
-
 # ----------------------------------------------------------------------------- the base model's files
+
+
+def load_base(root: Path, record: Dict[str, Any], **hub_options: Any) -> nn.Module:
+    """Rebuild the base model from its own files (or its pinned hub reference); safetensors only.
+
+    A failure of timm or transformers to build it is an :class:`ArtifactError` naming the source.
+    """
+    base = record["base_model"]
+    if base["weights"] == "not_saved":
+        raise ArtifactError(
+            f"the calibration in {root} was fitted on a plain PyTorch module, which cannot be rebuilt from files; "
+            "pass it as CalibratedModel.from_pretrained(..., base_model=your_module)."
+        )
+    try:
+        return _build_base(root, record, hub_options)
+    except ArtifactError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as error:
+        raise ArtifactError(
+            f"the base model ({_base_source(root, record, False)}) could not be built ({type(error).__name__}: "
+            f"{str(error)[:300]}); {RESAVE}"
+        ) from None
+
+
+def _build_base(root: Path, record: Dict[str, Any], hub_options: Dict[str, Any]) -> nn.Module:
+    base = record["base_model"]
+    if base["library"] == "timm":
+        import timm
+
+        if base["weights"] == "reference":
+            suffix = f"@{base['revision']}" if base.get("revision") else ""
+            return timm.create_model(f"hf-hub:{base['repo_id']}{suffix}", pretrained=True)
+        if not (root / "model.safetensors").is_file():
+            raise ArtifactError(f"{root / 'model.safetensors'} (the timm base weights) is missing; re-save or re-download.")
+        return timm.create_model(f"local-dir:{root}", pretrained=True)
+    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
+
+    auto = AutoModelForImageClassification if base["task"] == "image-classification" else AutoModelForSequenceClassification
+    if base["weights"] == "reference":
+        folder = _reference_snapshot(root, base, hub_options)
+    else:
+        folder = _base_folder(root, record["files"]["base"])
+    return auto.from_pretrained(str(folder), use_safetensors=True)
+
+
+def _base_folder(root: Path, name: str) -> Path:
+    """The transformers base folder named by ``files.base``: inside ``root``, never ``root`` itself."""
+    folder = safe_join(root, name, what="base folder")
+    file = root / CALIBRATION_CONFIG
+    if os.path.realpath(folder) == os.path.realpath(root) or Path(os.path.realpath(root)).is_relative_to(os.path.realpath(folder)):
+        _fail(file, "key 'files.base'", f"is {name!r}, which is the calibration folder itself (loading it would recurse)")
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder} (the transformers base model) is missing; re-save or re-download.")
+    _refuse_calibrated_base(folder, f"{file}: key 'files.base'")
+    return folder
+
+
+def _refuse_calibrated_base(folder: Path, where: str) -> None:
+    """A base folder must hold a plain model: one holding a calibration would recurse into itself."""
+    try:
+        with open(folder / "config.json", "rb") as handle:
+            config = json.loads(handle.read(MAX_RECORD_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        config = None
+    calibrated = isinstance(config, dict) and config.get("model_type") == "hf_calibrate"
+    if calibrated or os.path.lexists(folder / CALIBRATION_CONFIG):
+        raise ArtifactError(f"{where} names {folder}, which holds a calibrated model, not a base model; {RESAVE}")
+
+
+def _reference_snapshot(root: Path, base: Dict[str, Any], hub_options: Dict[str, Any]) -> Path:
+    """The pinned base repo, fetched by the hub protocol only (a repo id is never read as a local path)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    options = {key: value for key, value in hub_options.items() if key in ("token", "cache_dir", "local_files_only")}
+    try:
+        folder = Path(snapshot_download(
+            base["repo_id"], revision=base.get("revision"), allow_patterns=["*.json", "*.safetensors"], **options
+        ))
+    except (RepositoryNotFoundError, RevisionNotFoundError, LocalEntryNotFoundError, HFValidationError) as error:
+        raise ArtifactError(
+            f"the base of the reference-only calibration in {root}, hub repo {base['repo_id']!r} at revision "
+            f"{base.get('revision') or 'main'}, could not be fetched ({type(error).__name__}); check the connection "
+            "and token, or load with base_model=<the base model>."
+        ) from None
+    _refuse_calibrated_base(folder, f"{root / CALIBRATION_CONFIG}: key 'base_model.repo_id'")
+    return folder
+
+
+def load_preprocessor(root: Path, record: Optional[Dict[str, Any]] = None) -> Any:
+    """The tokenizer or image processor saved at the root, or None (timm keeps its in config.json).
+
+    With the calibration ``record``, it is made to preprocess as the calibration was fitted
+    (``input_contract``: the calibrated image size, the tokenizer's ``max_length``), whatever
+    the saved file says — e.g. a processor saved by an older hf_calibrate.
+    """
+    from .backbones.preprocessing import contract_preprocessor
+
+    preprocessor = None
+    if (root / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        preprocessor = AutoTokenizer.from_pretrained(str(root))
+    elif (root / "preprocessor_config.json").is_file():
+        from transformers import AutoImageProcessor
+
+        preprocessor = AutoImageProcessor.from_pretrained(str(root))
+    return contract_preprocessor(preprocessor, (record or {}).get("input_contract"))
+
+
+# ----------------------------------------------------------------------------- writing files
+
+
+def save_calibrator(calibrator: Calibrator, path: Path) -> None:
+    """The calibrator's tensors as safetensors. One metadata key only: safetensors writes several in a
+    random order, and the same calibration must give the same bytes (and SHA-256) every time."""
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in calibrator.state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def is_generated_card(path: Path) -> bool:
+    return CARD_MARKER in path.read_text(encoding="utf-8", errors="replace")
+
+
+def write_json(path: Path, payload: Dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n", encoding="utf-8")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return repr(value)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- which files are the library's
+
+#: Files a format-1 artifact (which had no manifest) may have written, by the base's library.
+_LEGACY_ROOT_FILES = (
+    CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json", CARD_FILE, DIAGRAM_FILE,
+    "preprocessor_config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
+    "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
+)
+_LEGACY_BASE_PATTERNS = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                         "model-*-of-*.safetensors")
+
+
+def owned_files(record: Any, exists: Callable[[str], bool], listing: Callable[[str], Iterable[str]]) -> Set[str]:
+    """Relative paths of the files an artifact's own save wrote (not a user's), given its record.
+
+    A format-2 record lists them (``files.manifest``), trusted only while the record matches its
+    digest. For a format-1 record, or an unreadable or altered one, they are the names format 1
+    wrote (``exists(path)`` filters them; ``listing(folder)`` lists a folder, for sharded base weights).
+    """
+    files = record.get("files") if isinstance(record, dict) else None
+    manifest = files.get("manifest") if isinstance(files, dict) else None
+    intact = isinstance(record, dict) and record.get(RECORD_DIGEST_KEY) == record_digest(record)
+    if intact and isinstance(manifest, list) and not _path_list(manifest):
+        return set(manifest) | {CALIBRATION_CONFIG}
+    owned = {name for name in _LEGACY_ROOT_FILES if exists(name)}
+    weights = files.get("weights") if isinstance(files, dict) else None
+    if isinstance(weights, str) and not path_problem(weights) and exists(weights):
+        owned.add(weights)
+    library = record.get("base_model", {}).get("library") if isinstance(record, dict) and isinstance(record.get("base_model"), dict) else None
+    if library in ("timm", None) and exists("model.safetensors"):
+        owned.add("model.safetensors")  # format 1 wrote it for a timm base
+    base = files.get("base") if isinstance(files, dict) else BASE_FOLDER
+    if isinstance(base, str) and not path_problem(base):
+        owned |= {f"{base}/{name}" for name in listing(base) if any(fnmatch.fnmatch(name, p) for p in _LEGACY_BASE_PATTERNS)}
+    return owned
+
+
+def _owned_in_folder(root: Path) -> Set[str]:
+    """:func:`owned_files` of the artifact saved in the local folder ``root`` (empty when it holds none)."""
+    path = root / CALIBRATION_CONFIG
+    if not os.path.lexists(path):
+        return set()
+    try:
+        record = json.loads(path.read_bytes()[:MAX_RECORD_BYTES].decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        record = None
+
+    def listing(folder: str) -> List[str]:
+        directory = root / folder
+        return [entry.name for entry in os.scandir(directory) if entry.is_file()] if directory.is_dir() and not directory.is_symlink() else []
+
+    return owned_files(record, lambda name: os.path.lexists(root / name), listing)
+
+
+# ----------------------------------------------------------------------------- crash-atomic saving
+
+
+def _step(name: str) -> None:
+    hook = SAVE_STEP_HOOK
+    if hook is not None:
+        hook(name)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, *, exclusive: bool) -> Iterator[None]:
+    """An advisory ``flock`` on the folder itself (exclusive for a save, shared for a load).
+
+    Released by the kernel when the process dies, so a killed save never leaves a stale lock.
+    Where ``flock`` is unavailable (not POSIX, some network file systems) it is skipped.
+    """
+    try:
+        import fcntl
+
+        descriptor = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _needs_recovery(root: Path) -> bool:
+    return os.path.lexists(root / JOURNAL_FILE) or any(entry.name.startswith(STAGING_PREFIX) for entry in os.scandir(root))
+
+
+@contextlib.contextmanager
+def reading(root: Path) -> Iterator[None]:
+    """Hold a shared lock on a local artifact while it is read, after finishing any interrupted save."""
+    if not root.is_dir():
+        yield
+        return
+    if _needs_recovery(root):
+        try:
+            with folder_lock(root, exclusive=True):
+                recover(root)
+        except OSError as error:
+            raise ArtifactError(
+                f"{root} holds an interrupted save ({JOURNAL_FILE} or {STAGING_PREFIX}*) that could not be finished "
+                f"({error}); load it once with write access to the folder, or re-save the calibration."
+            ) from None
+    with folder_lock(root, exclusive=False):
+        yield
+
+
+def recover(root: Path) -> None:
+    """Finish an interrupted save of ``root`` (roll its journal forward) and drop dead staging folders.
+
+    Call with the folder's exclusive lock held: any staging folder then belongs to a dead save.
+    """
+    journal = _read_journal(root)
+    if journal is not None:
+        _apply_journal(root, journal)
+    for entry in os.scandir(root):
+        if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+
+
+def _read_journal(root: Path) -> Optional[Dict[str, Any]]:
+    path = root / JOURNAL_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        journal = json.loads(path.read_text(encoding="utf-8"))
+        staging, lists = journal["staging"], (journal["write"], journal["delete"])
+        valid = staging.startswith(STAGING_PREFIX) and "/" not in staging and not any(_path_list(items) for items in lists)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        valid = False
+    if not valid:
+        raise ArtifactError(
+            f"{path} (the journal of an interrupted save) is damaged, so that save cannot be completed; delete it "
+            f"and any {STAGING_PREFIX}* folder beside it, then re-save the calibration."
+        )
+    return journal
+
+
+def _apply_journal(root: Path, journal: Dict[str, Any]) -> None:
+    """Roll a committed save forward; every step is idempotent, so a kill here is recovered by rerunning it."""
+    staging = root / journal["staging"]
+    for relative in journal["write"]:
+        source = staging / relative
+        if os.path.lexists(source):
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, root / relative)
+        _step(f"install {relative}")
+    for relative in journal["delete"]:
+        path = root / relative
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
+            path.unlink()
+        _prune_empty_parents(root, path.parent)
+        _step(f"delete {relative}")
+    shutil.rmtree(staging, ignore_errors=True)
+    _step("staging removed")
+    os.unlink(root / JOURNAL_FILE)
+    _fsync(root)
+    _step("journal removed")
+
+
+def _prune_empty_parents(root: Path, folder: Path) -> None:
+    while folder != root and folder.is_relative_to(root):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or folder to disk (best effort: some platforms cannot open folders)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def list_files(folder: Path) -> List[str]:
+    """Relative POSIX paths of the files and links under ``folder`` (links are not followed)."""
+    found = []
+    for directory, subfolders, names in os.walk(folder):
+        base = Path(directory).relative_to(folder)
+        found += [(base / name).as_posix() for name in names]
+        found += [(base / name).as_posix() for name in subfolders if (Path(directory) / name).is_symlink()]
+    return sorted(found)
+
+
+def _blocker(root: Path, relative: str) -> Optional[Path]:
+    """What in ``root`` stops the library writing ``relative``: an existing entry there, or a parent that is a link or a file."""
+    parts = PurePosixPath(relative).parts
+    for depth in range(1, len(parts)):
+        parent = root.joinpath(*parts[:depth])
+        if parent.is_symlink() or (os.path.lexists(parent) and not parent.is_dir()):
+            return parent
+    path = root / relative
+    return path if os.path.lexists(path) else None
+
+
+def _check_collisions(root: Path, written: List[str], owned: Set[str]) -> None:
+    """Refuse a save that would overwrite, or write through, something that is not the library's."""
+    for relative in written:
+        blocker = None if relative in owned or relative == CARD_FILE else _blocker(root, relative)
+        if blocker is not None:
+            raise FileExistsError(
+                f"{blocker} exists and was not written by hf_calibrate (it is not in the manifest of the folder's "
+                f"{CALIBRATION_CONFIG}); saving would overwrite it. Move it elsewhere, or save to another folder."
+            )
+
+
+def _users_card(card: Path) -> bool:
+    """True when ``card`` is a README.md (or a link) that hf_calibrate did not generate."""
+    return os.path.lexists(card) and (card.is_symlink() or not card.is_file() or not is_generated_card(card))
+
+
+def _prepare(root: Path, staging: Path, record: Dict[str, Any], *, keep_user_card: bool) -> Dict[str, Any]:
+    """Finish the staging folder (record with manifest and digests) and return the journal to commit."""
+    card = root / CARD_FILE
+    if keep_user_card and _users_card(card):
+        (staging / CARD_FILE).unlink(missing_ok=True)  # the user's own README.md stays
+    written = [name for name in list_files(staging) if name != CALIBRATION_CONFIG] + [CALIBRATION_CONFIG]
+    owned = _owned_in_folder(root)
+    _check_collisions(root, written, owned)
+    files = record["files"]
+    files["manifest"] = sorted(written)
+    files["sha256"] = {files["weights"]: file_sha256(staging / files["weights"])}
+    sealed = seal_record(record)
+    validate_record(sealed, staging / CALIBRATION_CONFIG)  # never write a record that would not load
+    write_json(staging / CALIBRATION_CONFIG, sealed)
+    _step(f"staged {CALIBRATION_CONFIG}")
+    stale = sorted(name for name in owned - set(written) - {CARD_FILE} if os.path.lexists(root / name))
+    return {"protocol": 1, "staging": staging.name, "write": written, "delete": stale}
+
+
+def _commit(root: Path, staging: Path, journal: Dict[str, Any]) -> None:
+    """Flush the staged files, then atomically publish the journal: from here the save rolls forward."""
+    for name in journal["write"]:
+        _fsync(staging / name)
+    temporary = staging / ".journal"
+    temporary.write_text(json.dumps(journal), encoding="utf-8")
+    _fsync(temporary)
+    os.replace(temporary, root / JOURNAL_FILE)
+    _fsync(root)
+    _step("committed")
+
+
+def _new_staging(root: Path) -> Path:
+    """A fresh staging folder inside ``root`` (same file system: ``os.replace`` stays atomic; umask mode)."""
+    while True:
+        staging = root / f"{STAGING_PREFIX}{secrets.token_hex(6)}"
+        with contextlib.suppress(FileExistsError):
+            staging.mkdir()
+            return staging
+
+
+_LEGACY_TEMPORARY = r"\.{name}\.(saving|old)-[a-z0-9_]{{8}}"
+
+
+def _legacy_temporaries(target: Path) -> List[Path]:
+    """Sibling folders left by format-1 saves (``.<name>.saving-*`` / ``.<name>.old-*``) of ``target``."""
+    if not target.parent.is_dir():
+        return []
+    pattern = re.compile(_LEGACY_TEMPORARY.format(name=re.escape(target.name)))
+    return [Path(entry.path) for entry in os.scandir(target.parent) if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)]
+
+
+def recover_legacy_save(target: Path) -> None:
+    """Undo a format-1 save killed between its two renames: ``target`` is missing but its old copy is beside it."""
+    target = Path(os.path.abspath(target))
+    if os.path.lexists(target) or not target.parent.is_dir():
+        return
+    with folder_lock(target.parent, exclusive=True):
+        backups = [folder / "old" for folder in _legacy_temporaries(target) if (folder / "old" / CALIBRATION_CONFIG).is_file()]
+        if backups and not os.path.lexists(target):
+            os.replace(max(backups, key=lambda path: path.stat().st_mtime), target)
+
+
+def _check_target(target: Path) -> None:
+    if os.path.lexists(target) and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder; save the calibration to a folder path.")
 
 
 def save_artifact(
@@ -334,72 +1089,62 @@ def save_artifact(
     repo_id: Optional[str] = None,
     overwrite_card: bool = False,
 ) -> Path:
-    """Write the whole artifact into ``target`` atomically; return ``target``."""
+    """Write the artifact into ``target`` crash-atomically (see the module docstring); return ``target``."""
+    target = Path(os.path.abspath(target))
+    _check_target(target)
+    check_tensor_values(f"the calibration to save ({CALIBRATION_WEIGHTS})", calibrator.state_dict())
+    recover_legacy_save(target)
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    with folder_lock(target, exclusive=True):
+        _step("locked")
+        recover(target)
+        for folder in _legacy_temporaries(target):
+            shutil.rmtree(folder, ignore_errors=True)
+        _step("recovered")
+        staging = _new_staging(target)
+        try:
+            _write_files(staging, record, config_json, base_model, calibrator, preprocessor, reliability, repo_id)
+            journal = _prepare(target, staging, record, keep_user_card=not overwrite_card)
+            _commit(target, staging, journal)
+        except BaseException:
+            if not os.path.lexists(target / JOURNAL_FILE):
+                shutil.rmtree(staging, ignore_errors=True)
+                if created:
+                    with contextlib.suppress(OSError):
+                        target.rmdir()
+            raise
+        _apply_journal(target, journal)
+    return target
+
+
+def _write_files(
+    staging: Path, record: Dict[str, Any], config_json: Dict[str, Any], base_model: nn.Module, calibrator: Calibrator,
+    preprocessor: Any, reliability: Optional[Dict[str, Any]], repo_id: Optional[str],
+) -> None:
+    """Every file of the artifact except the record, into the staging folder."""
     from . import cards
+    from .backbones.preprocessing import timm_export_config
 
     base = record["base_model"]
-    with atomic_folder(target, keep_user_card=not overwrite_card) as staging:
-        save_calibrator(calibrator, staging / CALIBRATION_WEIGHTS)
-        if base["weights"] == "included" and base["library"] == "timm":
-            import timm.models
+    save_calibrator(calibrator, staging / CALIBRATION_WEIGHTS)
+    _step(f"staged {CALIBRATION_WEIGHTS}")
+    if base["weights"] == "included" and base["library"] == "timm":
+        import timm.models
 
-            timm.models.save_for_hf(
-                base_model, str(staging), safe_serialization=True,
-                model_config={**config_json, "image_processor_type": "TimmWrapperImageProcessor"},
-            )
-        else:
-            if base["weights"] == "included" and base["library"] == "transformers":
-                base_model.save_pretrained(staging / BASE_FOLDER)
-            write_json(staging / "config.json", config_json)
-        if preprocessor is not None and hasattr(preprocessor, "save_pretrained"):
-            preprocessor.save_pretrained(str(staging))
-        write_json(staging / CALIBRATION_CONFIG, record)
-        diagram = cards.write_diagram(staging, reliability) if reliability else None
-        cards.render_card(record, repo_id=repo_id, diagram=diagram).save(staging / CARD_FILE)
-    return Path(target)
-
-
-def load_base(root: Path, record: Dict[str, Any], **hub_options: Any) -> nn.Module:
-    """Rebuild the base model from its own files (or its pinned hub reference); safetensors only."""
-    base = record["base_model"]
-    library, weights = base["library"], base["weights"]
-    if weights == "not_saved":
-        raise ArtifactError(
-            f"the calibration in {root} was fitted on a plain PyTorch module, which cannot be rebuilt from files; "
-            "pass it as CalibratedModel.from_pretrained(..., base_model=your_module)."
+        timm.models.save_for_hf(
+            base_model, str(staging), safe_serialization=True,
+            model_config={**config_json, "image_processor_type": "TimmWrapperImageProcessor"},
+            data_config=timm_export_config(record.get("input_contract")),
         )
-    if weights == "reference" and not base.get("repo_id"):
-        raise ArtifactError(f"{root / CALIBRATION_CONFIG} is reference-only but names no base repo_id; re-save it.")
-    if library == "timm":
-        import timm
-
-        if weights == "reference":
-            suffix = f"@{base['revision']}" if base.get("revision") else ""
-            return timm.create_model(f"hf-hub:{base['repo_id']}{suffix}", pretrained=True)
-        if not (root / "model.safetensors").is_file():
-            raise ArtifactError(f"{root / 'model.safetensors'} (the timm base weights) is missing; re-save or re-download.")
-        return timm.create_model(f"local-dir:{root}", pretrained=True)
-    if library == "transformers":
-        from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
-
-        auto = AutoModelForImageClassification if base["task"] == "image-classification" else AutoModelForSequenceClassification
-        if weights == "reference":
-            return auto.from_pretrained(base["repo_id"], revision=base.get("revision"), use_safetensors=True, **hub_options)
-        folder = safe_join(root, record["files"].get("base") or BASE_FOLDER, what="base folder")
-        if not folder.is_dir():
-            raise ArtifactError(f"{folder} (the transformers base model) is missing; re-save or re-download.")
-        return auto.from_pretrained(str(folder), use_safetensors=True)
-    raise ArtifactError(f"{root / CALIBRATION_CONFIG}: unknown base library {library!r}.")
-
-
-def load_preprocessor(root: Path) -> Any:
-    """The tokenizer or image processor saved at the root, or None (timm keeps its in config.json)."""
-    if (root / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(root))
-    if (root / "preprocessor_config.json").is_file():
-        from transformers import AutoImageProcessor
-
-        return AutoImageProcessor.from_pretrained(str(root))
-    return None
+    else:
+        if base["weights"] == "included" and base["library"] == "transformers":
+            base_model.save_pretrained(staging / BASE_FOLDER)
+        write_json(staging / "config.json", config_json)
+    _step("staged the base model")
+    if preprocessor is not None and hasattr(preprocessor, "save_pretrained"):
+        preprocessor.save_pretrained(str(staging))
+        _step("staged the preprocessor")
+    diagram = cards.write_diagram(staging, reliability) if reliability else None
+    cards.render_card(record, repo_id=repo_id, diagram=diagram).save(staging / CARD_FILE)
+    _step(f"staged {CARD_FILE}")

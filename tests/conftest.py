@@ -6,6 +6,15 @@ local server of ``tests/hub_server.py`` (fixtures ``hub_server`` / ``hub_online`
 
 The zoo models (``hf_calibrate.demo``) are trained deterministically on the first run and
 cached in ``$HF_CALIBRATE_CACHE`` (default ``~/.cache/hf_calibrate/zoo``).
+
+Property tests (hypothesis) run under a profile chosen by ``$HYPOTHESIS_PROFILE``:
+
+* ``ci`` (the default): ``derandomize=True`` — every run, on every machine, draws the same
+  examples, so a pass or a failure reproduces; no example database is read or written.
+* ``explore``: random draws, 20× the examples, and a local example database
+  (``.hypothesis/``, ignored by git). Run it to look for new counterexamples
+  (``HYPOTHESIS_PROFILE=explore python -m pytest tests/test_metrics_properties.py``);
+  whatever it finds is committed as an ``@example`` of the test, so ``ci`` checks it for good.
 """
 
 from __future__ import annotations
@@ -21,6 +30,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_calibrate_tests_hf_home_")
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+#: Examples per property test under ``ci``; ``explore`` draws EXPLORE_FACTOR times more.
+CI_EXAMPLES, EXPLORE_FACTOR = 50, 20
+settings.register_profile(
+    "ci", max_examples=CI_EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore", max_examples=CI_EXAMPLES * EXPLORE_FACTOR, derandomize=False, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["hub_server"]
 

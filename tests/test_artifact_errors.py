@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import _tiny_models as tm
+import hf_calibrate.serialization as serialization
 from hf_calibrate import CalibratedModel
 from hf_calibrate.serialization import ArtifactError
 
@@ -74,9 +75,14 @@ def copy_of(saved, tmp_path) -> Callable[[str], Path]:
     return make
 
 
-def _edit_record(folder: Path, edit: Callable[[dict], None]) -> None:
+def _edit_record(folder: Path, edit: Callable[[dict], None], *, reseal: bool = True) -> None:
+    """Edit the record; ``reseal`` re-computes its digests (of the weights file and of itself), as a
+    consistent but wrong artifact would have them, so that the check under test is the one that fires."""
     record = json.loads((folder / CONFIG).read_text())
     edit(record)
+    if reseal:
+        record["files"]["sha256"][record["files"]["weights"]] = serialization.file_sha256(folder / record["files"]["weights"])
+        record = serialization.seal_record(record)
     (folder / CONFIG).write_text(json.dumps(record))
 
 
@@ -181,6 +187,24 @@ def test_newer_format_version(copy_of):
     _edit_record(folder, lambda record: record.update(format_version=99))
     message = _refused(folder)
     assert str(folder / CONFIG) in message and "format version 99" in message and "pip install -U" in message
+
+
+def test_hand_edited_record_is_refused(copy_of):
+    """A format-2 record must match its own digest: an edit that passes every other check is still refused."""
+    folder = copy_of("vit")
+    _edit_record(folder, lambda record: record["fit"].update(seed=123), reseal=False)
+    message = _refused(folder)
+    assert str(folder / CONFIG) in message and "'record_sha256'" in message and "re-save or re-download" in message
+
+
+def test_changed_tensor_values_are_refused(copy_of):
+    """Finite, in-range, right-shaped but different δ values: only the recorded SHA-256 can tell."""
+    folder = copy_of("vit")
+    tensors = load_file(str(folder / WEIGHTS))
+    tensors["delta"] = tensors["delta"] + 0.01
+    save_file(tensors, str(folder / WEIGHTS))
+    message = _refused(folder)
+    assert str(folder / WEIGHTS) in message and "'files.sha256'" in message and "re-download" in message
 
 
 def test_not_json(copy_of):

@@ -1,5 +1,6 @@
-"""Atomic saving: a save that fails midway leaves the previous folder byte-identical, and a save
-never loses a user's own README.md (unless ``overwrite_card=True``) or their other files."""
+"""Atomic saving: a save that fails before its commit leaves the previous folder byte-identical, one that
+fails after it is finished by the next load, and a save never loses a user's own README.md (unless
+``overwrite_card=True``) or their other files. (Kills at every step: test_reliability_artifacts.py.)"""
 
 from __future__ import annotations
 
@@ -52,7 +53,12 @@ def target(first_save, tmp_path) -> Path:
 
 
 def _leftovers(parent: Path, name: str) -> List[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+    """Temporaries of a save of ``parent / name``: siblings (format 1) and the journal / staging inside it."""
+    inside = parent / name
+    found = [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+    if inside.is_dir():
+        found += [p.name for p in inside.iterdir() if p.name.startswith(".hf_calibrate-")]
+    return sorted(found)
 
 
 def _fail_after_calibrator(monkeypatch) -> None:
@@ -80,20 +86,25 @@ def _fail_in_diagram(monkeypatch) -> None:
     monkeypatch.setattr(cards, "write_diagram", fail)
 
 
-def _fail_in_swap(monkeypatch) -> None:
-    # A failing rename cannot be provoked portably, so the final staging → target rename is
-    # made to fail; the old folder has already been moved aside at that point.
-    real = os.replace
+def _fail_replace(monkeypatch, when) -> None:
+    """Make ``os.replace`` fail for the calls ``when(destination name, call number)`` picks."""
+    real, calls = os.replace, []
 
     def flaky(source: Any, destination: Any) -> None:
-        if ".saving-" in Path(source).name:
+        calls.append(destination)
+        if when(Path(destination).name, len(calls)):
             raise OSError("simulated failure")
         real(source, destination)
 
     monkeypatch.setattr(os, "replace", flaky)
 
 
-FAILURES = {"calibrator": _fail_after_calibrator, "card": _fail_in_card, "diagram": _fail_in_diagram, "swap": _fail_in_swap}
+def _fail_in_commit(monkeypatch) -> None:
+    # the journal's rename is the commit point: failing it must leave the old artifact as it was
+    _fail_replace(monkeypatch, lambda name, _: name == serialization.JOURNAL_FILE)
+
+
+FAILURES = {"calibrator": _fail_after_calibrator, "card": _fail_in_card, "diagram": _fail_in_diagram, "commit": _fail_in_commit}
 
 
 @pytest.mark.parametrize("where", list(FAILURES))
@@ -111,6 +122,25 @@ def test_failed_save_leaves_the_previous_folder_untouched(models, target, monkey
     models["second"].save_pretrained(target)
     assert tm.file_hashes(target) != before
     assert CalibratedModel.from_pretrained(target).method == "neural_clamping"
+
+
+def test_failure_after_the_commit_is_finished_by_the_next_load(models, target, monkeypatch):
+    """Committed (journal written), then an install fails: the next load rolls the save forward."""
+    before = tm.file_hashes(target)
+    with monkeypatch.context() as patch:
+        _fail_replace(patch, lambda name, number: number == 3)  # 1: the journal, 2: the first file, 3: the second
+        with pytest.raises(OSError, match="simulated failure"):
+            models["second"].save_pretrained(target)
+    assert (target / serialization.JOURNAL_FILE).exists()  # the interrupted save is on record
+    reloaded = CalibratedModel.from_pretrained(target)
+    assert reloaded.method == "neural_clamping"  # the new artifact, complete
+    assert _leftovers(target.parent, target.name) == []
+    assert (target / "notes.txt").read_text() == "my notes"
+    models["second"].save_pretrained(target.parent / "reference")  # the same save, not interrupted
+    after = {name: digest for name, digest in tm.file_hashes(target).items() if name != "notes.txt"}
+    reference = tm.file_hashes(target.parent / "reference")
+    assert sorted(name for name in after.keys() | reference.keys() if after.get(name) != reference.get(name)) == []
+    assert after != before
 
 
 @pytest.mark.parametrize("where", ["calibrator", "card"])

@@ -173,6 +173,24 @@ def test_model_meets_accuracy_and_is_miscalibrated(demo: DemoModel) -> None:
 
 
 @pytest.mark.slow
+def test_cache_records_the_machine_it_was_trained_on(demo: DemoModel) -> None:
+    """Enough provenance to tell a cache trained elsewhere (see docs/determinism.md)."""
+    assert set(demo.recipe["provenance"]) == set(zoo.machine_provenance())
+    assert demo.recipe["provenance"]["torch"] == torch.__version__
+
+
+def test_a_cache_from_another_machine_is_reported() -> None:
+    here = zoo.machine_provenance()
+    assert zoo.provenance_differences({"provenance": here}) == {}
+    elsewhere = dict(here, cpu_capability="AVX512", torch_threads=here["torch_threads"] + 3)
+    assert zoo.provenance_differences({"provenance": elsewhere}) == {
+        "cpu_capability": ("AVX512", here["cpu_capability"]),
+        "torch_threads": (here["torch_threads"] + 3, here["torch_threads"]),
+    }
+    assert set(zoo.provenance_differences({})) == set(here)  # a cache that recorded nothing: all unknown
+
+
+@pytest.mark.slow
 def test_second_call_loads_the_same_model_without_training(demo: DemoModel, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_training(*args, **kwargs):
         raise AssertionError("the second call must load from the cache")

@@ -7,7 +7,7 @@ validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import brier_score
+from hf_calibrate.metrics import EvaluateInputChecks, brier_score
 
 _DESCRIPTION = """
 Brier score: the mean over samples of the squared distance between the probability vector
@@ -49,7 +49,7 @@ _CITATION = """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Brier(evaluate.Metric):
+class Brier(EvaluateInputChecks, evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,

@@ -7,7 +7,7 @@ validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import calibration_report
+from hf_calibrate.metrics import EvaluateInputChecks, calibration_report
 
 _DESCRIPTION = """
 The full calibration report of a classifier in one pass: accuracy, expected calibration
@@ -83,7 +83,7 @@ _CITATION = """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Calibration(evaluate.Metric):
+class Calibration(EvaluateInputChecks, evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,

@@ -8,7 +8,7 @@ the input validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import classwise_calibration_error
+from hf_calibrate.metrics import EvaluateInputChecks, classwise_calibration_error
 
 _DESCRIPTION = """
 Classwise expected calibration error (also called static calibration error, SCE): the
@@ -49,7 +49,7 @@ _CITATION = """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class ClasswiseEce(evaluate.Metric):
+class ClasswiseEce(EvaluateInputChecks, evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,

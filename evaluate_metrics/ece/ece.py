@@ -7,7 +7,7 @@ the input validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import expected_calibration_error
+from hf_calibrate.metrics import EvaluateInputChecks, expected_calibration_error
 
 _DESCRIPTION = """
 Expected calibration error (ECE): how far a classifier's confidence (its top-class
@@ -60,7 +60,7 @@ _CITATION = """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Ece(evaluate.Metric):
+class Ece(EvaluateInputChecks, evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,

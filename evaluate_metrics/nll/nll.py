@@ -7,7 +7,7 @@ input validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import negative_log_likelihood
+from hf_calibrate.metrics import EvaluateInputChecks, negative_log_likelihood
 
 _DESCRIPTION = """
 Negative log-likelihood (NLL, cross-entropy, log loss): the mean over samples of
@@ -49,7 +49,7 @@ _CITATION = """
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Nll(evaluate.Metric):
+class Nll(EvaluateInputChecks, evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
             description=_DESCRIPTION,

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import nn
 
-from .base import Backbone, Inputs
+from .base import Backbone, Inputs, InputSizeError, format_size
 from .timm_models import TimmBackbone, is_timm_model
 from .torch_modules import TorchBackbone
 from .transformers_models import TransformersTextBackbone, TransformersVisionBackbone, transformers_task
@@ -18,8 +18,13 @@ SUPPORTED = (
 )
 
 
-def adapt(model: nn.Module, *, num_classes: Optional[int] = None) -> Backbone:
-    """Pick the adapter for ``model``; raise a clear error for unsupported models."""
+def adapt(model: nn.Module, *, num_classes: Optional[int] = None, classifier: Optional[str] = None) -> Backbone:
+    """Pick the adapter for ``model``; raise a clear error for unsupported models.
+
+    ``classifier`` names the classifier layer the head methods replace (a name in
+    ``model.named_modules()``); default: the one ``nn.Linear`` with one output per class, or a
+    guess that warns when there are several. An unknown name is an error listing the candidates.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}. Supported: {SUPPORTED}.")
     if is_timm_model(model):
@@ -28,22 +33,23 @@ def adapt(model: nn.Module, *, num_classes: Optional[int] = None) -> Backbone:
                 f"this timm {type(model).__name__} has no classifier (num_classes=0); create it with "
                 "num_classes > 0 to calibrate it."
             )
-        return TimmBackbone(model)
+        return TimmBackbone(model, classifier)
     task = transformers_task(model)
     if task == "image-classification":
-        return TransformersVisionBackbone(model)
+        return TransformersVisionBackbone(model, classifier)
     if task == "text-classification":
-        return TransformersTextBackbone(model)
+        return TransformersTextBackbone(model, classifier)
     if type(model).__module__.startswith("transformers."):
         raise TypeError(
             f"{type(model).__name__} is not a classification model this library can calibrate. "
             f"Supported: {SUPPORTED}."
         )
-    return TorchBackbone(model, num_classes=num_classes)
+    return TorchBackbone(model, num_classes=num_classes, classifier=classifier)
 
 
 __all__ = [
     "Backbone",
+    "InputSizeError",
     "Inputs",
     "SUPPORTED",
     "TimmBackbone",
@@ -51,4 +57,5 @@ __all__ = [
     "TransformersTextBackbone",
     "TransformersVisionBackbone",
     "adapt",
+    "format_size",
 ]

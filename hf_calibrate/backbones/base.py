@@ -5,12 +5,15 @@ An adapter wraps a frozen base model and knows
   transformers) and how to answer it (tensor or ``ModelOutput``),
 * where a universal perturbation δ lives (``pixel_values``, word embeddings, plain input),
   its shape, and how to add it,
-* how to get (N, C) logits, and which layer is the classifier head (for head retraining).
+* how to get (N, C) logits, and which layer is the classifier head (for head retraining):
+  the layer the user names (``classifier=``), else the single ``nn.Linear`` with one output
+  per class, else a documented guess with a warning naming the candidates.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -18,6 +21,25 @@ import torch
 from torch import nn
 
 Inputs = Dict[str, Any]
+
+
+def format_size(shape: Any) -> str:
+    """``(1, 8, 8)`` → ``"1×8×8"``."""
+    return "×".join(str(int(v)) for v in shape)
+
+
+class InputSizeError(ValueError):
+    """An input whose per-sample shape is not the one the calibration perturbation δ was fitted for.
+
+    Attributes:
+        expected: δ's shape (the calibrated per-sample input shape in δ space).
+        actual: the per-sample shape of the offending input.
+    """
+
+    def __init__(self, message: str, *, expected: Tuple[int, ...], actual: Tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
 
 
 class Backbone(ABC):
@@ -28,8 +50,11 @@ class Backbone(ABC):
     delta_space: str  # "pixel_values" | "inputs_embeds" | "input"
     input_key: str  # keyword that carries the main input in a batch
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, classifier: Optional[str] = None) -> None:
         self.model = model
+        self._classifier: Optional[Tuple[str, nn.Linear]] = None
+        if classifier is not None:
+            self._classifier = self._named_classifier(classifier)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -44,11 +69,33 @@ class Backbone(ABC):
 
     @abstractmethod
     def default_delta_shape(self) -> Optional[Tuple[int, ...]]:
-        """Shape δ takes for this model, or None when it must be read off the data."""
+        """Shape δ has at the input size the model's config declares, or None when it declares none.
 
-    def preprocessing(self) -> Dict[str, Any]:
-        """Preprocessing facts δ depends on (mean, std, input size), when known."""
-        return {}
+        A calibration's δ takes the shape of the data it is fitted on (:meth:`delta_shape`),
+        which may differ from this (a timm CNN used at 32×32 declares 224×224).
+        """
+
+    def input_size(self, inputs: Inputs) -> Optional[Tuple[int, ...]]:
+        """Per-sample shape of the main input of the batch ``inputs`` (None for text: no fixed size)."""
+        return tuple(int(v) for v in inputs[self.input_key].shape[1:])
+
+    def delta_shape(self, inputs: Inputs) -> Tuple[int, ...]:
+        """Shape of δ for inputs like the batch ``inputs``: one tensor shaped like one input."""
+        return tuple(int(v) for v in inputs[self.input_key].shape[1:])
+
+    def declared_input_sizes(self, preprocessor: Any = None) -> List[Tuple[str, Tuple[int, ...]]]:
+        """(where, size) of every input size the model or ``preprocessor`` declares; trailing
+        dimensions only when the source fixes no channel count (an image processor's (H, W))."""
+        return []
+
+    def preprocessing(self, preprocessor: Any = None, *, max_length: Optional[int] = None,
+                      input_size: Optional[Tuple[int, ...]] = None) -> Dict[str, Any]:
+        """Preprocessing facts of the model's inputs (mean, std, input size, max_length, ...), when known.
+
+        ``preprocessor`` (image processor or tokenizer) and ``max_length`` are those of a fit;
+        ``input_size`` is the calibrated input size, which replaces any declared one.
+        """
+        return {"input_size": list(input_size)} if input_size is not None else {}
 
     # ------------------------------------------------------------------ calls
     def parse_call(self, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Tuple[Inputs, bool]:
@@ -78,19 +125,63 @@ class Backbone(ABC):
         return logits
 
     # ------------------------------------------------------------------ head access
-    def final_layer(self) -> nn.Linear:
-        """The last ``nn.Linear`` producing the C logits: the classifier head retraining replaces."""
+    def classifier_candidates(self) -> List[str]:
+        """Names of the ``nn.Linear`` layers with one output per class (every one when C is unknown)."""
         num_classes = self.num_classes
-        final = None
-        for module in self.model.modules():
-            if isinstance(module, nn.Linear) and (num_classes is None or module.out_features == num_classes):
-                final = module
-        if final is None:
+        return [name for name, module in self.model.named_modules()
+                if isinstance(module, nn.Linear) and (num_classes is None or module.out_features == num_classes)]
+
+    @property
+    def classifier_name(self) -> str:
+        """Name (in ``model.named_modules()``) of the classifier layer the head methods replace."""
+        return self._resolved_classifier()[0]
+
+    def final_layer(self) -> nn.Linear:
+        """The classifier layer producing the C logits: the one head retraining replaces."""
+        return self._resolved_classifier()[1]
+
+    def declared_classifier(self) -> Optional[str]:
+        """The classifier layer the model's own config names, when it names exactly one."""
+        return None
+
+    def _resolved_classifier(self) -> Tuple[str, nn.Linear]:
+        if self._classifier is None:
+            self._classifier = self._guessed_classifier()
+        return self._classifier
+
+    def _named_classifier(self, name: str) -> Tuple[str, nn.Linear]:
+        """The layer ``name`` the user chose; an error listing the candidates when it cannot be the classifier."""
+        module = dict(self.model.named_modules()).get(name) if isinstance(name, str) and name else None
+        num_classes = self.num_classes
+        if isinstance(module, nn.Linear) and (num_classes is None or module.out_features == num_classes):
+            return name, module
+        found = "is not a layer of it" if module is None else (
+            f"is a {type(module).__name__}" if not isinstance(module, nn.Linear) else f"has {module.out_features} outputs")
+        raise ValueError(
+            f"classifier={name!r} cannot be the classifier of {type(self.model).__name__}: it {found}. The classifier "
+            f"is an nn.Linear with one output per class ({num_classes}); candidates: {self.classifier_candidates() or 'none'}."
+        )
+
+    def _guessed_classifier(self) -> Tuple[str, nn.Linear]:
+        """The declared classifier, else the last ``nn.Linear`` with C outputs; warns when several qualify."""
+        candidates = self.classifier_candidates()
+        if not candidates:
             raise ValueError(
                 f"could not find the classifier layer of {type(self.model).__name__}: no nn.Linear "
-                f"with {num_classes} outputs. Head-retraining methods need a linear classifier head."
+                f"with {self.num_classes} outputs. Head-retraining methods need a linear classifier head."
             )
-        return final
+        declared = self.declared_classifier()
+        name = declared if declared in candidates else candidates[-1]
+        if len(candidates) > 1:
+            reason = "the one its config names" if name == declared else "the last one"
+            outputs = f" with {self.num_classes} outputs" if self.num_classes is not None else ""
+            warnings.warn(
+                f"{type(self.model).__name__} has {len(candidates)} nn.Linear layers{outputs} "
+                f"({', '.join(candidates)}); the classifier the head methods replace is {name!r} ({reason}). "
+                f"Name the right one with classifier='{candidates[0]}' (or another of them) to be sure.",
+                stacklevel=2,
+            )
+        return name, dict(self.model.named_modules())[name]
 
     @contextlib.contextmanager
     def head_replaced(self, head: nn.Module) -> Iterator[None]:
@@ -131,15 +222,22 @@ class Backbone(ABC):
         return logits
 
     def check_delta(self, target: torch.Tensor, delta: torch.Tensor, per_sample_dims: int) -> None:
-        """Raise a clear error when δ does not fit the per-sample part of ``target``."""
+        """Raise a clear error when δ does not fit the per-sample part of ``target``.
+
+        Raises:
+            InputSizeError: the input's per-sample shape is not δ's (the calibrated input size).
+            ValueError: the input and δ are on different devices.
+        """
         sample_shape = tuple(target.shape[target.ndim - per_sample_dims :])
-        if sample_shape != tuple(delta.shape):
-            facts = self.preprocessing()
-            hint = f" The model's preprocessing: {facts}." if facts else ""
-            raise ValueError(
-                f"the calibration perturbation δ has shape {tuple(delta.shape)} but this input has "
-                f"per-sample shape {sample_shape} ({self.delta_space}). Preprocess inputs to "
-                f"{tuple(delta.shape)} as at calibration time.{hint}"
+        expected = tuple(delta.shape)
+        if sample_shape != expected:
+            raise InputSizeError(
+                f"the calibration perturbation δ has shape {expected} but this input has per-sample shape "
+                f"{sample_shape} ({self.delta_space}): the model was calibrated on inputs of size {format_size(expected)} "
+                f"and only holds there. Preprocess inputs to {expected} (the input_size recorded in the input_contract "
+                "of calibration_config.json; the saved image processor or timm config resizes to it), or refit the "
+                "calibration at the size you use.",
+                expected=expected, actual=sample_shape,
             )
         if target.device != delta.device:
             raise ValueError(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .base import Backbone, Inputs
+from .preprocessing import image_preprocessing, processor_sizes, timm_facts
 
 
 def is_timm_model(model: nn.Module) -> bool:
@@ -15,7 +16,11 @@ def is_timm_model(model: nn.Module) -> bool:
 
 
 class TimmBackbone(Backbone):
-    """Any ``timm.create_model(...)`` classifier; ``pretrained_cfg`` supplies preprocessing facts."""
+    """Any ``timm.create_model(...)`` classifier; ``pretrained_cfg`` supplies preprocessing facts.
+
+    ``pretrained_cfg["input_size"]`` is the size the model declares; a calibration takes the
+    size of its data (a CNN runs at any size), and the saved model's ``pretrained_cfg`` records it.
+    """
 
     library = "timm"
     modality = "image"
@@ -36,10 +41,19 @@ class TimmBackbone(Backbone):
     def default_delta_shape(self) -> Tuple[int, ...]:
         return tuple(int(v) for v in self.model.pretrained_cfg["input_size"])
 
-    def preprocessing(self) -> Dict[str, Any]:
-        cfg = self.model.pretrained_cfg
-        keys = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
-        return {key: (list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]) for key in keys if key in cfg}
+    def declared_input_sizes(self, preprocessor: Any = None) -> List[Tuple[str, Tuple[int, ...]]]:
+        return [("its pretrained_cfg['input_size']", self.default_delta_shape()), *processor_sizes(preprocessor)]
+
+    def declared_classifier(self) -> Optional[str]:
+        name = self.model.pretrained_cfg.get("classifier")
+        return name if isinstance(name, str) else None  # distilled models name two: ("head", "head_dist")
+
+    def preprocessing(self, preprocessor: Any = None, *, max_length: Optional[int] = None,
+                      input_size: Optional[Tuple[int, ...]] = None) -> Dict[str, Any]:
+        model_facts = {"source": "timm pretrained_cfg", **timm_facts(self.model.pretrained_cfg)}
+        if input_size is not None:
+            _fit_channels(model_facts, int(input_size[0]))
+        return image_preprocessing(model_facts, preprocessor, input_size)
 
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
         extra = sorted(set(inputs) - {self.input_key})
@@ -58,3 +72,11 @@ class TimmBackbone(Backbone):
         from transformers.modeling_outputs import ImageClassifierOutput
 
         return ImageClassifierOutput(loss=loss, logits=logits)
+
+
+def _fit_channels(facts: Dict[str, Any], channels: int) -> None:
+    """Per-channel mean and std of another channel count become their average, as timm's export does."""
+    for key in ("mean", "std"):
+        value = facts.get(key)
+        if isinstance(value, list) and len(value) not in (1, channels):
+            facts[key] = [sum(value) / len(value)]

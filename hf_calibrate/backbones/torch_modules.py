@@ -21,9 +21,9 @@ class TorchBackbone(Backbone):
     delta_space = "input"
     input_key = "input"
 
-    def __init__(self, model: nn.Module, num_classes: Optional[int] = None) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, num_classes: Optional[int] = None, classifier: Optional[str] = None) -> None:
         self._num_classes = num_classes
+        super().__init__(model, classifier)
 
     @property
     def num_classes(self) -> Optional[int]:

@@ -8,12 +8,13 @@ Clamping to text; the model is then run from ``inputs_embeds``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .base import Backbone, Inputs
+from .preprocessing import image_preprocessing, is_tokenizer, processor_sizes, timm_facts, tokenizer_facts
 
 
 def _is_pretrained_model(model: nn.Module) -> bool:
@@ -77,12 +78,15 @@ class TransformersVisionBackbone(_TransformersBackbone):
         height, width = (size, size) if isinstance(size, int) else tuple(size)
         return (int(channels), int(height), int(width))
 
-    def preprocessing(self) -> Dict[str, Any]:
+    def declared_input_sizes(self, preprocessor: Any = None) -> List[Tuple[str, Tuple[int, ...]]]:
+        declared = self.default_delta_shape()
+        return ([("its config", declared)] if declared is not None else []) + processor_sizes(preprocessor)
+
+    def preprocessing(self, preprocessor: Any = None, *, max_length: Optional[int] = None,
+                      input_size: Optional[Tuple[int, ...]] = None) -> Dict[str, Any]:
         pretrained_cfg = getattr(self.model.config, "pretrained_cfg", None)
-        if isinstance(pretrained_cfg, dict):
-            keys = ("input_size", "mean", "std", "interpolation", "crop_pct")
-            return {key: pretrained_cfg[key] for key in keys if key in pretrained_cfg}
-        return {}
+        model_facts = {"source": "config pretrained_cfg", **timm_facts(pretrained_cfg)} if isinstance(pretrained_cfg, dict) else {}
+        return image_preprocessing(model_facts, preprocessor, input_size)
 
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
         if delta is not None:
@@ -101,6 +105,19 @@ class TransformersTextBackbone(_TransformersBackbone):
 
     def default_delta_shape(self) -> Tuple[int, ...]:
         return (int(self.model.get_input_embeddings().embedding_dim),)
+
+    def input_size(self, inputs: Inputs) -> None:
+        """Texts have no fixed size; their preprocessing contract is the tokenizer's ``max_length``."""
+        return None
+
+    def delta_shape(self, inputs: Inputs) -> Tuple[int, ...]:
+        return self.default_delta_shape()
+
+    def preprocessing(self, preprocessor: Any = None, *, max_length: Optional[int] = None,
+                      input_size: Optional[Tuple[int, ...]] = None) -> Dict[str, Any]:
+        if is_tokenizer(preprocessor):
+            return tokenizer_facts(preprocessor, max_length)
+        return {"max_length": max_length} if max_length is not None else {}
 
     def token_mask(self, inputs: Inputs) -> torch.Tensor:
         """(N, L) float mask of the tokens δ is added to: every non-padding token."""

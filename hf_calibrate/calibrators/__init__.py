@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
-from .base import Calibrator, options_to_dict, parse_options
+from .base import Calibrator, InvalidOptionError, options_to_dict, parse_options
 from .binning import HistogramBinning, IsotonicCalibration
 from .heads import HeadCalibrator, MaskedClassifierHead, TwoStageHead, VariationalTwoStageHead
 from .linear import DirichletCalibration, MatrixScaling, VectorScaling
@@ -45,6 +45,7 @@ __all__ = [
     "DirichletCalibration",
     "HeadCalibrator",
     "HistogramBinning",
+    "InvalidOptionError",
     "IsotonicCalibration",
     "MaskedClassifierHead",
     "MatrixScaling",

@@ -15,11 +15,23 @@ Each calibrator class declares
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
+import math
+import os
+import typing
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
+
+from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
+
+
+class InvalidOptionError(ValueError, TypeError):
+    """An option of the wrong type or outside its range (both a ValueError and a TypeError)."""
 
 
 @dataclasses.dataclass
@@ -62,7 +74,18 @@ class Calibrator(nn.Module):
         return None
 
     def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        """Fit on cached (N, C) logits and (N,) labels; return a summary for the fit history."""
+        """Fit on cached (N, C) logits and (N,) labels; return a summary for the fit history.
+
+        The logits must be finite and the labels valid class indices (else a ValueError naming
+        the rows); subclasses implement :meth:`_fit_logits`.
+        """
+        if type(self)._fit_logits is Calibrator._fit_logits:
+            raise NotImplementedError(f"{self.method} is not fitted from cached logits.")
+        check_fit_logits(logits, labels, self.num_classes)
+        return self._fit_logits(logits, labels, options)
+
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+        """The fit itself, on logits and labels already checked by :meth:`fit_logits`."""
         raise NotImplementedError(f"{self.method} is not fitted from cached logits.")
 
     # ------------------------------------------------------------------ persistence
@@ -82,14 +105,146 @@ class Calibrator(nn.Module):
         return f"num_classes={self.num_classes}"
 
 
+def check_fit_logits(logits: Any, labels: Any, num_classes: int) -> None:
+    """Refuse logits a fit cannot use: not (N, C) floating point, or holding NaN/±inf; and bad labels."""
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or not logits.is_floating_point():
+        described = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a floating-point (N, C) tensor, got {described}.")
+    if logits.shape[1] != num_classes:
+        raise ValueError(f"this calibrator has {num_classes} classes but the logits have {logits.shape[1]} columns.")
+    check_finite_logits(logits)
+    check_labels(labels, num_classes, logits.shape[0])
+
+
+def check_finite_logits(logits: torch.Tensor, what: str = "logits") -> None:
+    """Raise :class:`NonFiniteError` naming the rows of ``logits`` that hold NaN or ±inf."""
+    rows = nonfinite_rows(logits)
+    if rows:
+        raise NonFiniteError(
+            f"{what} of sample(s) {describe_positions(rows)} (row positions) are NaN or infinite; a calibration fitted "
+            "on them would be meaningless. Remove these samples, or fix the model or inputs that produced them."
+        )
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@functools.lru_cache(maxsize=None)
+def _field_hints(options_class: type) -> Dict[str, Any]:
+    """Resolved type hints of the fields of an options dataclass."""
+    hints = typing.get_type_hints(options_class)
+    return {field.name: hints.get(field.name, Any) for field in dataclasses.fields(options_class)}
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the type ``hint`` (the kinds of hint option dataclasses use)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return any(_matches(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if hint is float:
+        return _is_real(value) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (tuple, list, collections.abc.Sequence):
+        element = args[0] if args else Any
+        return isinstance(value, (tuple, list, np.ndarray)) and all(_matches(item, element) for item in value)
+    if origin is collections.abc.Callable:
+        return callable(value)
+    if hint is not Any and origin is None and isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    """Words for a type hint: ``Optional[int]`` → ``an integer or None``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return " or ".join(_describe(arg) for arg in args)
+    if origin in (tuple, list, collections.abc.Sequence):
+        return f"a list whose items are each {_describe(args[0]) if args else 'a value'}"
+    if origin is collections.abc.Callable:
+        return "a callable"
+    words = {
+        type(None): "None", bool: "True or False", int: "an integer (not a bool)", float: "a finite number",
+        str: "a string", os.PathLike: "a path",
+    }
+    return words.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _string_hint(name: str, value: Any, hint: Any) -> str:
+    """``" Write lr=0.1, not lr='0.1'."`` when a number was passed as a string."""
+    if not isinstance(value, str):
+        return ""
+    for kind in (int, float):
+        try:
+            parsed = kind(value)
+        except ValueError:
+            continue
+        if _matches(parsed, hint):
+            return f" Write {name}={parsed!r}, not {name}={value!r}."
+    return ""
+
+
+def check_option_types(options_class: type, values: Mapping[str, Any]) -> None:
+    """Refuse option values whose type does not match the field's declared type.
+
+    ``True`` is not an integer, ``'0.1'`` is not a number, ``nan`` is not a finite number.
+    Raises :class:`InvalidOptionError` naming the option, the value given and what is allowed.
+    """
+    hints = _field_hints(options_class)
+    for name, value in values.items():
+        hint = hints.get(name, Any)
+        if not _matches(value, hint):
+            raise InvalidOptionError(
+                f"option {name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})."
+                + _string_hint(name, value, hint)
+            )
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as the Python scalars they hold (options are saved as JSON)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def check_fields(options: Any) -> None:
+    """:func:`check_option_types` on every field of an options dataclass instance (for ``__post_init__``);
+    numpy scalars become Python scalars."""
+    values = {field.name: _plain(getattr(options, field.name)) for field in dataclasses.fields(options)}
+    check_option_types(type(options), values)
+    for name, value in values.items():
+        setattr(options, name, value)
+
+
+def require(condition: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise :class:`InvalidOptionError` ``"option {name} must be {allowed}, got {value!r}."`` unless ``condition``."""
+    if not condition:
+        raise InvalidOptionError(f"option {name} must be {allowed}, got {value!r}.")
+
+
 def parse_options(options_class: type, options: Mapping[str, Any], method: str) -> Any:
-    """Build ``options_class(**options)``; unknown names get an error listing the valid ones."""
+    """Build ``options_class(**options)``; unknown names get an error listing the valid ones.
+
+    Every value's type is checked against the field's declared type before the dataclass runs
+    its own range checks, so a wrong type never surfaces as an operator error.
+    """
     valid = {field.name for field in dataclasses.fields(options_class)}
     unknown = sorted(set(options) - valid)
     if unknown:
         listed = ", ".join(sorted(valid)) or "none"
         raise TypeError(f"unknown option(s) {unknown} for method {method!r}; its options are: {listed}.")
-    return options_class(**options)
+    values = {name: _plain(value) for name, value in options.items()}
+    check_option_types(options_class, values)
+    return options_class(**values)
 
 
 def options_to_dict(options: Any) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..metrics.functional import equal_width_bin_index
-from .base import Calibrator
+from .base import Calibrator, check_fields, require
 
 MODES = ("top_label", "one_vs_rest")
 _LOG_FLOOR = 1e-12
@@ -28,8 +28,7 @@ _TIE_MARGIN = 1e-6
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
+    require(isinstance(mode, str) and mode in MODES, "mode", mode, f"one of {MODES}")
     return mode
 
 
@@ -104,6 +103,11 @@ class HistogramBinning(Calibrator):
         n_bins: int = 15
         mode: str = "top_label"
 
+        def __post_init__(self) -> None:
+            check_fields(self)
+            require(self.n_bins >= 1, "n_bins", self.n_bins, "an integer >= 1")
+            _check_mode(self.mode)
+
     def __init__(self, num_classes: int, n_bins: int = 15, mode: str = "top_label") -> None:
         super().__init__(num_classes)
         self.mode = _check_mode(mode)
@@ -129,7 +133,7 @@ class HistogramBinning(Calibrator):
         mapped = self.bin_values.gather(1, equal_width_bin_index(_scores(probs, self.mode), self.n_bins))
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         probs = torch.softmax(logits.double(), dim=1)
         scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
         index = equal_width_bin_index(scores, self.n_bins)
@@ -187,6 +191,10 @@ class IsotonicCalibration(Calibrator):
 
         mode: str = "top_label"
 
+        def __post_init__(self) -> None:
+            check_fields(self)
+            _check_mode(self.mode)
+
     def __init__(self, num_classes: int, mode: str = "top_label", num_knots: int = 2) -> None:
         super().__init__(num_classes)
         self.mode = _check_mode(mode)
@@ -209,7 +217,7 @@ class IsotonicCalibration(Calibrator):
         mapped = _interpolate(_scores(probs, self.mode), self.knots_x, self.knots_y)
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         probs = torch.softmax(logits.double(), dim=1)
         scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
         fits = [_isotonic_knots(s, t) for s, t in zip(scores.cpu().numpy(), targets.cpu().numpy())]

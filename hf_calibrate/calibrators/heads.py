@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional
+import os
+from typing import Any, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator
+from .base import Calibrator, check_fields, require
 
 PREDICTIONS = ("sample", "mean")
 #: Default head schedule: the paper's 40 epochs, stretched to at least this many Adam steps.
@@ -61,6 +62,9 @@ class HeadOptions:
             ``validation_data`` is passed to ``fit`` (default 0.2).
         feature_cache_dir: keep the cached features in safetensors shards in this folder
             and stream them each epoch, for data larger than memory (default None: in memory).
+        classifier: name of the base's classifier layer the new head replaces (a name in
+            ``model.named_modules()``, e.g. ``"head"``; default None: the one ``nn.Linear`` with
+            one output per class, or the last of several, with a warning naming them).
     """
 
     epochs: Optional[int] = None
@@ -70,21 +74,19 @@ class HeadOptions:
     patience: Optional[int] = None
     temperature: bool = False
     holdout_fraction: float = 0.2
-    feature_cache_dir: Optional[str] = None
+    feature_cache_dir: Optional[Union[str, os.PathLike]] = None
+    classifier: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "head_batch_size"):
-            value = getattr(self, name)
-            if name == "epochs" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}.")
-        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
-            raise ValueError(f"patience must be a positive integer or None, got {self.patience!r}.")
-        if not 0 <= self.holdout_fraction < 1:
-            raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
+        check_fields(self)
+        require(self.epochs is None or self.epochs >= 1, "epochs", self.epochs, "a positive integer or None")
+        require(self.lr > 0, "lr", self.lr, "a positive number")
+        require(self.head_batch_size >= 1, "head_batch_size", self.head_batch_size, "a positive integer")
+        require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        require(self.patience is None or self.patience >= 1, "patience", self.patience, "a positive integer or None")
+        require(0 <= self.holdout_fraction < 1, "holdout_fraction", self.holdout_fraction, "a number in [0, 1)")
+        if self.feature_cache_dir is not None:
+            self.feature_cache_dir = os.fspath(self.feature_cache_dir)
 
     def epochs_for(self, train_rows: int) -> int:
         """Epochs to run on ``train_rows`` training rows (see ``epochs``)."""
@@ -98,6 +100,8 @@ class HeadCalibrator(Calibrator):
     """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted)."""
 
     needs_features = True
+    #: name of the base's classifier layer the head replaces (set by the fit)
+    classifier: Optional[str] = None
 
     def __init__(self, num_classes: int, feature_dim: int) -> None:
         super().__init__(num_classes)
@@ -145,6 +149,10 @@ class TwoStageHead(HeadCalibrator):
         """
 
         latent_dim: int = 128
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            require(self.latent_dim >= 1, "latent_dim", self.latent_dim, "a positive integer")
 
     def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128) -> None:
         super().__init__(num_classes, feature_dim)
@@ -205,10 +213,9 @@ class VariationalTwoStageHead(HeadCalibrator):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            if self.prediction not in PREDICTIONS:
-                raise ValueError(f"prediction must be one of {PREDICTIONS}, got {self.prediction!r}.")
-            if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-                raise ValueError(f"samples must be a positive integer, got {self.samples!r}.")
+            require(self.latent_dim >= 1, "latent_dim", self.latent_dim, "a positive integer")
+            require(self.samples >= 1, "samples", self.samples, "a positive integer")
+            require(self.prediction in PREDICTIONS, "prediction", self.prediction, f"one of {PREDICTIONS}")
 
     def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample") -> None:
         super().__init__(num_classes, feature_dim)
@@ -305,8 +312,11 @@ class MaskedClassifierHead(HeadCalibrator):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            if not 0 < self.min_retention <= self.initial_retention <= 1:
-                raise ValueError("need 0 < min_retention <= initial_retention <= 1.")
+            require(0 < self.min_retention <= 1, "min_retention", self.min_retention, "a number in (0, 1]")
+            require(self.min_retention <= self.initial_retention <= 1, "initial_retention", self.initial_retention,
+                    f"a number in [min_retention, 1] = [{self.min_retention}, 1]")
+            require(self.controller_gain >= 0, "controller_gain", self.controller_gain, "a number >= 0")
+            require(self.samples >= 1, "samples", self.samples, "a positive integer")
 
     def __init__(self, num_classes: int, feature_dim: int, samples: int = 10) -> None:
         super().__init__(num_classes, feature_dim)

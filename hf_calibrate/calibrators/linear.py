@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator
+from .base import Calibrator, check_fields, require
 from .temperature import fit_inverse_temperature
 
 # Up to this many logits the fit runs in float64; larger problems use float32 for speed.
@@ -72,7 +72,7 @@ class _LinearLogitMap(Calibrator):
         parameters = {name: tensor.to(logits.dtype) for name, tensor in self.named_parameters()}
         return self.transform(logits, parameters)
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         work = logits.detach().to(_work_dtype(logits))
         parameters, summary = self._fit_parameters(work, labels, fit_inverse_temperature(work, labels)[0], 0.0, options.max_iter)
         self._store(parameters)
@@ -119,13 +119,14 @@ class ODIROptions:
     max_iter: int = 200
 
     def __post_init__(self) -> None:
-        if self.l2 is not None and not (math.isfinite(self.l2) and self.l2 >= 0):
-            raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}.")
-        if self.l2 is None:
-            if not self.l2_grid or any(not (math.isfinite(v) and v >= 0) for v in self.l2_grid):
-                raise ValueError(f"l2_grid must be a non-empty sequence of finite numbers >= 0, got {self.l2_grid!r}.")
-            if not 0 < self.holdout_fraction < 1:
-                raise ValueError(f"holdout_fraction must be in (0, 1) to select l2, got {self.holdout_fraction!r}; or pass l2=<value>.")
+        check_fields(self)
+        require(self.l2 is None or self.l2 >= 0, "l2", self.l2, "a finite number >= 0 or None")
+        require(len(self.l2_grid) > 0 and all(v >= 0 for v in self.l2_grid), "l2_grid", self.l2_grid,
+                "a non-empty list of finite numbers >= 0")
+        require(0 <= self.holdout_fraction < 1, "holdout_fraction", self.holdout_fraction, "a number in [0, 1)")
+        require(self.l2 is not None or self.holdout_fraction > 0, "holdout_fraction", self.holdout_fraction,
+                "> 0 to select l2 on held-out data (or pass l2=<value>)")
+        require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
         self.l2_grid = tuple(float(v) for v in self.l2_grid)
 
 
@@ -143,6 +144,10 @@ class VectorScaling(_LinearLogitMap):
         """
 
         max_iter: int = 200
+
+        def __post_init__(self) -> None:
+            check_fields(self)
+            require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
 
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
@@ -188,7 +193,7 @@ class MatrixScaling(_LinearLogitMap):
         off_diagonal = weight.square().sum() - weight.diagonal().square().sum()
         return strength * (off_diagonal / max(classes * (classes - 1), 1) + bias.square().mean())
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Dict[str, Any]:
         work = logits.detach().to(_work_dtype(logits))
         summary: Dict[str, Any] = {}
         strength = options.l2

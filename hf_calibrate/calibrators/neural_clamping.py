@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator
+from .base import Calibrator, check_fields, require
 
 DELTA_INITS = ("zero", "gradient", "random")
 SELECT_METRICS = ("ece", "ada_ece", "nll", "brier")
@@ -96,6 +96,7 @@ class NeuralClamping(Calibrator):
         n_bins: int = 15
 
         def __post_init__(self) -> None:
+            check_fields(self)
             self.gamma = _as_grid(self.gamma, "gamma")
             self.delta_weight = _as_grid(self.delta_weight, "delta_weight")
             if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
@@ -112,8 +113,8 @@ class NeuralClamping(Calibrator):
                 raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got {self.select_metric!r}.")
             if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
                 raise ValueError(f"eval_every must be a positive integer or None, got {self.eval_every!r}.")
-            if not (self.augment in (True, False) or callable(self.augment)):
-                raise ValueError("augment must be True, False or a callable (pixel_values, generator) -> pixel_values.")
+            require(self.n_bins >= 1, "n_bins", self.n_bins, "a positive integer")
+            require(self.delta_init_scale >= 0, "delta_init_scale", self.delta_init_scale, "a non-negative number")
 
     def __init__(self, num_classes: int, delta_shape: Sequence[int], delta_space: str = "pixel_values") -> None:
         super().__init__(num_classes)

@@ -16,7 +16,7 @@ from typing import Any, Dict, Tuple
 import torch
 from torch import nn
 
-from .base import Calibrator
+from .base import Calibrator, check_fields, check_finite_logits, require
 
 # T is kept within [1e-3, 1e3]: beyond this the model is constant or a hard argmax anyway.
 BETA_BOUNDS = (1e-3, 1e3)
@@ -79,7 +79,9 @@ def fit_inverse_temperature(
     step that leaves it is replaced by a geometric bisection. Stops when f'(β) ≈ 0 or the step
     is below the precision of the logits (relative 1e-6 in float32, 1e-12 in float64). Large
     inputs start from the optimum of a strided subsample, so few full passes are needed.
+    Logits holding NaN or ±inf are refused (:class:`~hf_calibrate.metrics.NonFiniteError`).
     """
+    check_finite_logits(logits)
     low, high = BETA_BOUNDS
     step_tolerance = 1e-12 if logits.dtype == torch.float64 else 1e-6
     beta = 1.0
@@ -114,6 +116,10 @@ class TemperatureScaling(Calibrator):
 
         max_iter: int = 100
 
+        def __post_init__(self) -> None:
+            check_fields(self)
+            require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
+
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
         self.log_temperature = nn.Parameter(torch.zeros(()))
@@ -125,7 +131,7 @@ class TemperatureScaling(Calibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))

@@ -40,10 +40,12 @@ from ..metrics import accuracy, expected_calibration_error, negative_log_likelih
 from .data import load_bbc_news, load_digits, require, stratified_subset
 
 #: Bump when a change to the training or saving code changes what is cached.
-TRAINING_CODE_VERSION = 2
+TRAINING_CODE_VERSION = 3  # 3: the recipe records the machine provenance
 RECIPE_FILE = "demo_recipe.json"
 CACHE_ENV = "HF_CALIBRATE_CACHE"
 FEATURE_BATCH = 32  # texts per encoder forward pass
+
+logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 Trained = tuple[nn.Module, Any, dict[str, Any]]  # model, preprocessor, test metrics
@@ -544,6 +546,30 @@ _SAVERS = {"timm": _save_timm, "transformers": _save_transformers}
 _LOADERS = {"timm": _load_timm, "transformers": _load_transformers}
 
 
+def machine_provenance() -> dict[str, Any]:
+    """What, besides the recipe, decides the bits of a trained model: versions, threads, CPU kernels.
+
+    Training is deterministic on one machine (fixed seed, deterministic algorithms), but
+    float32 kernels are chosen by CPU capability (e.g. AVX2 vs AVX-512) and reductions are split
+    by thread count, so a cache trained elsewhere can differ in its last bits (and a model
+    fitted on it in more: see ``docs/determinism.md``).
+    """
+    return {
+        **_versions(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+    }
+
+
+def provenance_differences(recipe: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{fact: (recorded in the cache, here)}`` for every fact of :func:`machine_provenance` that
+    differs; a fact the cache did not record (caches older than this check) reads ``None``."""
+    recorded = recipe.get("provenance") or {}
+    here = machine_provenance()
+    return {key: (recorded.get(key), value) for key, value in here.items() if recorded.get(key) != value}
+
+
 def _versions() -> dict[str, str]:
     import timm
     import transformers
@@ -585,6 +611,7 @@ def _train_and_save(entry: _Entry, dataset: datasets.DatasetDict, folder: Path, 
         "train_cpu_seconds": round(time.process_time() - start_cpu, 2),
         "torch_threads": torch.get_num_threads(),
         "versions": _versions(),
+        "provenance": machine_provenance(),
         "cache_key": folder.name.rsplit("-", 1)[-1],
         "training_code_version": TRAINING_CODE_VERSION,
     }
@@ -600,6 +627,10 @@ def _from_zoo(entry: _Entry, cache_dir: PathLike | None, progress: bool) -> Demo
         _train_and_save(entry, dataset, folder, progress)
     model, preprocessor = _LOADERS[entry.library](folder)
     recipe = json.loads((folder / RECIPE_FILE).read_text())
+    differences = provenance_differences(recipe)
+    if differences:
+        logger.info("zoo model %s was trained elsewhere (recorded vs here: %s); its bits may differ from a local training run.",
+                    folder.name, differences)
     return DemoModel(entry.name, entry.library, model, preprocessor, dataset, recipe, folder)
 
 

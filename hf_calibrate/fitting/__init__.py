@@ -6,28 +6,48 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..backbones import Backbone
+from ..backbones import Backbone, Inputs
+from ..backbones.preprocessing import describe_inputs, warn_if_not_declared
 from ..calibrators import Calibrator, calibrator_class
 from ..data import PreparedData
-from .engine import Engine, EngineOptions, steps_per_epoch
+from ..metrics import NonFiniteError
+from .engine import Engine, EngineOptions, check_finite_inputs, check_finite_outputs, steps_per_epoch
 from .heads import FeatureStore, collect_features, fit_head, head_facts
 from .neural_clamping import fit_neural_clamping, random_crop_flip_cutout
 
 
-def probe(backbone: Backbone, data: PreparedData, engine: Engine) -> Tuple[int, Tuple[int, ...]]:
-    """(number of classes, per-sample input shape in δ space) from one sample of the data."""
+def _first_inputs(data: PreparedData) -> Inputs:
+    """The model inputs of the data's first sample, as a batch of one."""
     if len(data) == 0:
         raise ValueError("the calibration data is empty: at least one labelled sample is needed.")
-    inputs, _ = data.collate([data.dataset[0]])
-    inputs = engine.to_device(inputs)
+    return data.collate([data.dataset[0]])[0]
+
+
+def probe(backbone: Backbone, data: PreparedData, engine: Engine) -> Tuple[int, Tuple[int, ...]]:
+    """(number of classes, δ's shape) from one sample of the data.
+
+    δ is shaped like one calibration input (for text: one word-embedding vector), whatever
+    input size the model's config declares.
+    """
+    inputs = engine.to_device(_first_inputs(data))
     num_classes = backbone.num_classes
     if num_classes is None:
         with torch.no_grad():
             num_classes = backbone.logits(inputs).shape[1]
-    shape = backbone.default_delta_shape()
-    if shape is None:
-        shape = tuple(inputs[backbone.input_key].shape[1:])
-    return int(num_classes), tuple(shape)
+    return int(num_classes), backbone.delta_shape(inputs)
+
+
+def input_contract(backbone: Backbone, data: PreparedData, engine: Engine) -> Dict[str, Any]:
+    """The input size and preprocessing of the calibration data: a calibration's ``input_contract``.
+
+    Warns, naming both sizes, when the data's input size is not the one the model's config or
+    the fit's image processor declares (the calibration then holds at the data's size only).
+    See :mod:`hf_calibrate.backbones.preprocessing` for its keys.
+    """
+    options = engine.options
+    contract = describe_inputs(backbone, _first_inputs(data), preprocessor=options.preprocessor, max_length=options.max_length)
+    warn_if_not_declared(backbone, contract, options.preprocessor)
+    return contract
 
 
 def fit_calibrator(
@@ -51,7 +71,9 @@ def fit_calibrator(
     facts = {"delta_shape": delta_shape, "delta_space": backbone.delta_space}
     if cls.needs_features:
         facts.update(head_facts(backbone))
-    calibrator = cls.create(num_classes, method_options, **facts)
+    with torch.random.fork_rng(devices=[]):  # seeded initial weights (heads); the user's RNG is untouched
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=engine.generator(0x1417))))
+        calibrator = cls.create(num_classes, method_options, **facts)
     calibrator.to(engine.device)
     if cls.needs_features:
         summary = fit_head(backbone, data, validation, calibrator, method_options, engine, temperature_data)
@@ -70,6 +92,9 @@ __all__ = [
     "Engine",
     "EngineOptions",
     "FeatureStore",
+    "NonFiniteError",
+    "check_finite_inputs",
+    "check_finite_outputs",
     "collect_features",
     "fit_calibrator",
     "fit_head",

@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from .. import _distributed
 from ..backbones import Backbone, Inputs
+from ..calibrators.base import check_fields, require
 from ..data import PreparedData
-from ..metrics._checks import check_labels
+from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
 
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,12 +70,14 @@ class EngineOptions:
     max_length: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "micro_batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"mixed_precision must be one of {list(MIXED_PRECISION)}, got {self.mixed_precision!r}.")
+        check_fields(self)
+        require(self.batch_size >= 1, "batch_size", self.batch_size, "a positive integer")
+        require(self.micro_batch_size is None or self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size,
+                "a positive integer or None")
+        require(self.num_workers >= 0, "num_workers", self.num_workers, "an integer >= 0")
+        require(self.max_length is None or self.max_length >= 1, "max_length", self.max_length, "a positive integer or None")
+        require(self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION, "mixed_precision",
+                self.mixed_precision, f"one of {list(MIXED_PRECISION)} or None")
 
     def data_options(self) -> dict:
         names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length")
@@ -156,7 +159,9 @@ class Engine:
             return
         loader = data.loader([micro for _, micro in plan], num_workers=self.options.num_workers)
         for (number, micro), (inputs, labels) in zip(plan, loader):
-            yield number, micro, self.to_device(inputs), labels.to(self.device)
+            inputs = self.to_device(inputs)
+            check_finite_inputs(data, inputs, micro, number)
+            yield number, micro, inputs, labels.to(self.device)
 
     def batches(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
         """Yield (global batch number, its local micro-batches) for *every* global batch.
@@ -190,11 +195,14 @@ class Engine:
         *,
         num_classes: Optional[int] = None,
         description: str = "forward pass",
+        what: str = "logits",
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(compute(inputs) rows, labels)`` per global batch, gathered from every process in index order.
 
         ``compute`` runs under autocast and its output is cast to float32; labels are checked
-        against ``num_classes`` when given.
+        against ``num_classes`` when given. Inputs and outputs must be finite: a NaN or ±inf
+        raises :class:`~hf_calibrate.metrics.NonFiniteError` naming the samples (``what`` names
+        the outputs in that message: ``"logits"``, ``"features"``, ...).
         """
         batches = self.global_batches(indices, shuffle=False)
         with self.progress(len(batches), description) as bar:
@@ -208,7 +216,9 @@ class Engine:
                     positions.append(torch.as_tensor(micro, device=self.device))
                     outputs.append(rows)
                     targets.append(labels)
-                yield self.gather_in_order(*self._local(positions, outputs, targets), count=len(batches[number]))
+                order, rows, labels = self.gather_sorted(*self._local(positions, outputs, targets), count=len(batches[number]))
+                check_finite_outputs(data, rows, order, number, what)  # gathered: every process raises alike
+                yield rows, labels
                 bar.update(1)
 
     def collect_logits(
@@ -220,8 +230,12 @@ class Engine:
         delta: Optional[torch.Tensor] = None,
         description: str = "computing logits",
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process."""
-        parts = list(self.stream(data, indices, lambda inputs: backbone.logits(inputs, delta), description=description))
+        """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process.
+
+        Non-finite inputs or logits raise :class:`~hf_calibrate.metrics.NonFiniteError` before anything is fitted.
+        """
+        what = "logits" if delta is None else "logits with the perturbation δ"
+        parts = list(self.stream(data, indices, lambda inputs: backbone.logits(inputs, delta), description=description, what=what))
         logits = torch.cat([part[0] for part in parts])
         labels = torch.cat([part[1] for part in parts])
         self.check_labels(labels, logits.shape[1])
@@ -232,15 +246,15 @@ class Engine:
             return torch.cat(positions), torch.cat(outputs), torch.cat(targets)
         raise RuntimeError("a process received no samples of a global batch; use a batch_size of at least the number of processes.")
 
-    def gather_in_order(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
-        """Gather per-sample rows from every process and sort them by dataset index."""
+    def gather_sorted(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
+        """(dataset indices, rows, targets) gathered from every process, sorted by dataset index."""
         positions = _distributed.all_gather_variable(positions)
         outputs = _distributed.all_gather_variable(outputs)
         targets = _distributed.all_gather_variable(targets)
         order = torch.argsort(positions)
         if len(order) != count:
             raise RuntimeError(f"gathered {len(order)} samples, expected {count}.")
-        return outputs[order], targets[order]
+        return positions[order], outputs[order], targets[order]
 
     def all_reduce_gradients(self, parameters: Sequence[torch.Tensor]) -> None:
         """Sum gradients over processes (each process already divided by the global batch size)."""
@@ -259,6 +273,39 @@ class Engine:
             check_labels(labels, num_classes)
         except ValueError as error:
             raise ValueError(f"calibration labels do not match the model: {error}") from None
+
+
+def check_finite_inputs(data: PreparedData, inputs: Inputs, positions: Sequence[int], number: int) -> None:
+    """Raise :class:`NonFiniteError` when a floating input tensor of a micro-batch holds NaN or ±inf.
+
+    ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
+    Integer inputs (token ids, masks) are skipped.
+    """
+    for key, value in inputs.items():
+        rows = nonfinite_rows(value) if isinstance(value, torch.Tensor) else []
+        if rows:
+            samples = describe_positions([positions[row] for row in rows])
+            raise NonFiniteError(
+                f"input {key!r} holds NaN or infinite values in sample(s) {samples} of {data.description} "
+                f"(positions in that data; batch {number}). Calibrating or evaluating on them would give wrong "
+                "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
+            )
+
+
+def check_finite_outputs(data: PreparedData, rows: torch.Tensor, positions: torch.Tensor, number: int, what: str) -> None:
+    """Raise :class:`NonFiniteError` when the model's ``what`` (logits, features) hold NaN or ±inf for some samples.
+
+    ``positions`` are the dataset indices of ``rows``, ``number`` their global batch.
+    """
+    bad = nonfinite_rows(rows)
+    if bad:
+        samples = describe_positions(positions.cpu()[bad].tolist())
+        source = "the calibrated model" if what.startswith("calibrated") else "the base model"
+        raise NonFiniteError(
+            f"{source} returned NaN or infinite {what} for sample(s) {samples} of {data.description} "
+            f"(positions in that data; batch {number}), although their inputs are finite. "
+            "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
+        )
 
 
 def steps_per_epoch(count: int, batch_size: int) -> int:

@@ -102,7 +102,11 @@ def collect_features(
         return captured[-1].reshape(captured[-1].shape[0], -1)
 
     store = FeatureStore(directory)
-    for features, labels in engine.stream(data, indices, compute, num_classes=backbone.num_classes, description=description):
+    stream = engine.stream(
+        data, indices, compute, num_classes=backbone.num_classes, description=description,
+        what="features (the input of its classifier layer)",
+    )
+    for features, labels in stream:  # inputs and features are checked finite there
         store.append(features, labels)
     if directory is not None and engine.world > 1:
         engine.accelerator.wait_for_everyone()  # shards written by the main process
@@ -133,8 +137,11 @@ def fit_head(
     engine: Engine,
     temperature_data: Optional[PreparedData] = None,
 ) -> Dict[str, Any]:
-    """Train ``calibrator``'s head on cached features; keep the epoch with the lowest validation NLL."""
-    device = engine.device
+    """Train ``calibrator``'s head on cached features; keep the epoch with the lowest validation NLL.
+
+    Non-finite inputs or features raise :class:`~hf_calibrate.metrics.NonFiniteError` (naming the
+    samples) before any training.
+    """
     cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
     if validation is None:
         if options.holdout_fraction == 0:
@@ -145,7 +152,23 @@ def fit_head(
         train_indices, validation_indices = torch.arange(len(train)), torch.arange(len(validation))
     train_store = collect_features(backbone, train, train_indices, engine, directory=cache and cache / "train", description="features (train)")
     val_store = collect_features(backbone, validation, validation_indices, engine, directory=cache and cache / "validation", description="features (validation)")
-    val_features, val_labels = (t.to(device) for t in val_store.tensors())
+    val_features, val_labels = (t.to(engine.device) for t in val_store.tensors())
+    calibrator.classifier = backbone.classifier_name
+    generator = _prepare_head(backbone, calibrator, options, engine)
+    history, best_epoch, best_nll = _train_head(calibrator, train_store, (val_features, val_labels), generator, options, engine)
+    summary: Dict[str, Any] = {
+        "trained_on": train.description, "validated_on": validation.description if validation is not train else
+        f"{len(validation_indices)} held-out samples of the training data", "train_samples": len(train_indices),
+        "validation_samples": len(validation_indices), "best_epoch": best_epoch, "epochs_run": len(history),
+        "best_validation_nll": best_nll, "classifier": calibrator.classifier, "history": history,
+    }
+    if options.temperature:
+        summary["temperature"] = _fit_temperature(backbone, calibrator, temperature_data, (val_features, val_labels), engine)
+    return summary
+
+
+def _prepare_head(backbone: Backbone, calibrator: HeadCalibrator, options: Any, engine: Engine) -> torch.Generator:
+    """Initialise the head's weights, noise and masks as the method asks; return the training generator."""
     head = calibrator.head_module
     if isinstance(calibrator, MaskedClassifierHead) and options.init_from_base:
         with torch.no_grad():
@@ -159,51 +182,70 @@ def fit_head(
         head.generator = generator
         head.retention.fill_(options.initial_retention)
         head.mask_seed.fill_(int(torch.randint(0, 2**62, (1,), generator=engine.generator(0x3A5C))))
+    return generator
+
+
+def _train_head(
+    calibrator: HeadCalibrator,
+    train_store: FeatureStore,
+    validation: Tuple[torch.Tensor, torch.Tensor],
+    generator: torch.Generator,
+    options: Any,
+    engine: Engine,
+) -> Tuple[List[Dict[str, Any]], int, float]:
+    """The epochs; the head is left in the state of the best epoch. Returns (history, best epoch, its NLL).
+
+    The saved state is exactly the validated one: MaC-Cal's controller writes the next epoch's
+    retention rate only after the epoch's state has been kept.
+    """
+    head = calibrator.head_module
     optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=options.lr, weight_decay=options.weight_decay)
+    masked = isinstance(calibrator, MaskedClassifierHead)
     history: List[Dict[str, Any]] = []
     best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
-    epochs = options.epochs_for(len(train_indices))
+    epochs = options.epochs_for(len(train_store))
     with engine.progress(epochs, f"training head ({calibrator.method})") as bar:
         for epoch in range(1, epochs + 1):
             started = time.perf_counter()
-            head.train()
-            total, seen = 0.0, 0
-            for features, labels in train_store.batches(options.head_batch_size, generator):
-                features, labels = features.to(device), labels.to(device)
-                optimizer.zero_grad(set_to_none=True)
-                loss = calibrator.training_loss(features, labels, generator)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"head training loss became {float(loss)} at epoch {epoch}; lower lr.")
-                loss.backward()
-                optimizer.step()
-                total += loss.item() * len(labels)
-                seen += len(labels)
-            seconds = time.perf_counter() - started
+            train_loss = _train_epoch(calibrator, train_store, optimizer, generator, options.head_batch_size, engine.device, epoch)
+            record = {"epoch": epoch, "train_loss": train_loss, "seconds": time.perf_counter() - started}
             head.eval()
-            record = {"epoch": epoch, "train_loss": total / max(seen, 1), "seconds": seconds, **_evaluate(head, val_features, val_labels)}
-            if isinstance(calibrator, MaskedClassifierHead):
+            record.update(_evaluate(head, *validation))
+            if masked:
                 record["retention"] = float(head.retention)
-                head.retention.fill_(calibrator.next_retention(record["retention"], record["confidence_gap"], options))
             history.append(record)
             bar.update(1)
             bar.set_postfix(val_nll=f"{record['nll']:.4f}")
+            stale += 1
             if record["nll"] < best_nll:
                 best_nll, best_state, best_epoch, stale = record["nll"], copy.deepcopy(head.state_dict()), epoch, 0
-            else:
-                stale += 1
-                if options.patience is not None and stale >= options.patience:
-                    break
+            if masked:  # only now: the state above was validated at this epoch's rate
+                head.retention.fill_(calibrator.next_retention(record["retention"], record["confidence_gap"], options))
+            if options.patience is not None and stale >= options.patience:
+                break
     head.load_state_dict(best_state)
     head.eval()
-    summary: Dict[str, Any] = {
-        "trained_on": train.description, "validated_on": validation.description if validation is not train else
-        f"{len(validation_indices)} held-out samples of the training data", "train_samples": len(train_indices),
-        "validation_samples": len(validation_indices), "best_epoch": best_epoch, "epochs_run": len(history),
-        "best_validation_nll": best_nll, "history": history,
-    }
-    if options.temperature:
-        summary["temperature"] = _fit_temperature(backbone, calibrator, temperature_data, (val_features, val_labels), engine)
-    return summary
+    return history, best_epoch, best_nll
+
+
+def _train_epoch(
+    calibrator: HeadCalibrator, store: FeatureStore, optimizer: torch.optim.Optimizer, generator: torch.Generator,
+    batch_size: int, device: torch.device, epoch: int,
+) -> float:
+    """One pass of Adam steps over the cached training features; returns the mean training loss."""
+    calibrator.head_module.train()
+    total, seen = 0.0, 0
+    for features, labels in store.batches(batch_size, generator):
+        features, labels = features.to(device), labels.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = calibrator.training_loss(features, labels, generator)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"head training loss became {float(loss)} at epoch {epoch}; lower lr.")
+        loss.backward()
+        optimizer.step()
+        total += loss.item() * len(labels)
+        seen += len(labels)
+    return total / max(seen, 1)
 
 
 def _fit_temperature(

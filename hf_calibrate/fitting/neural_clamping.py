@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..backbones import Backbone
+from ..backbones import Backbone, InputSizeError, format_size
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
 from ..calibrators.temperature import fit_inverse_temperature
 from ..data import PreparedData
@@ -89,8 +89,30 @@ def fit_neural_clamping(
     """Fit ``calibrator`` (δ, log T) in place; return the fit summary with its history.
 
     The selection split is ``validation`` when given (all of ``data`` is then fitted on),
-    else a ``holdout_fraction`` share of ``data``.
+    else a ``holdout_fraction`` share of ``data``. δ has the shape of the first calibration
+    sample; a sample of another size raises :class:`~hf_calibrate.backbones.InputSizeError`.
     """
+    try:
+        return _fit(backbone, data, calibrator, options, engine, validation)
+    except InputSizeError as error:
+        raise InputSizeError(
+            f"the calibration samples differ in size: δ is fitted at {error.expected} (the per-sample shape of the "
+            f"first calibration sample) but another sample has per-sample shape {error.actual}. Neural Clamping fits "
+            "one δ shaped like one input, so every calibration and validation sample needs the same size: resize or "
+            f"crop them all to one size (e.g. {format_size(error.expected)}) before fitting.",
+            expected=error.expected, actual=error.actual,
+        ) from None
+
+
+def _fit(
+    backbone: Backbone,
+    data: PreparedData,
+    calibrator: NeuralClamping,
+    options: Any,
+    engine: Engine,
+    validation: Optional[PreparedData],
+) -> Dict[str, Any]:
+    """:func:`fit_neural_clamping` without the error translation."""
     if options.augment and backbone.modality != "image":
         raise ValueError(f"augment=True applies to images; this {backbone.modality} model takes {backbone.delta_space}.")
     grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]

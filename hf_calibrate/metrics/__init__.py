@@ -3,6 +3,7 @@
 Functional core in :mod:`.functional`, the accumulator in :mod:`.streaming`.
 """
 
+from ._checks import EvaluateInputChecks, NonFiniteError
 from .functional import (
     ReliabilityBins,
     accuracy,
@@ -18,6 +19,8 @@ from .streaming import CalibrationMetrics, calibration_report
 
 __all__ = [
     "CalibrationMetrics",
+    "EvaluateInputChecks",
+    "NonFiniteError",
     "ReliabilityBins",
     "accuracy",
     "adaptive_calibration_error",

@@ -1,13 +1,15 @@
 """Input validation shared by the functional metrics and the streaming accumulator.
 
 Every public metric funnels its inputs through :func:`prepare_inputs`, so a bad input gets the
-same clear ``ValueError`` wherever it enters.
+same clear ``ValueError`` wherever it enters. The finiteness helpers (:class:`NonFiniteError`,
+:func:`nonfinite_rows`, :func:`describe_positions`) are shared with the calibrators and the
+fitting engine, so a NaN gets the same kind of error wherever it is found.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -23,18 +25,67 @@ BINNINGS = ("equal_width", "equal_mass")
 NORMS = ("l1", "l2", "max")
 
 
+class NonFiniteError(ValueError):
+    """NaN or infinite values where a calibration or a metric needs finite numbers."""
+
+
+def nonfinite_rows(values: torch.Tensor) -> List[int]:
+    """Indices along the first dimension of the rows of ``values`` holding NaN or ±inf.
+
+    Non-floating tensors (token ids, masks) are always finite: the answer is ``[]``.
+    """
+    if not values.is_floating_point() or values.numel() == 0:
+        return []
+    # NaN and ±inf always reach the sum, so one allocation-free reduction clears the common case;
+    # a sum that merely overflows only costs the exact row check below.
+    accumulate = torch.float64 if values.dtype == torch.float64 else torch.float32
+    if bool(torch.isfinite(values.sum(dtype=accumulate))):
+        return []
+    finite = torch.isfinite(values.reshape(max(1, values.shape[0] if values.ndim else 1), -1))
+    return torch.nonzero(~finite.all(dim=1)).flatten().tolist()
+
+
+def describe_positions(positions: Sequence[int], limit: int = 10) -> str:
+    """``"3, 17"`` or ``"3, 17, … (25 in all)"``: positions for an error message."""
+    shown = ", ".join(str(int(p)) for p in positions[:limit])
+    return shown if len(positions) <= limit else f"{shown}, … ({len(positions)} in all)"
+
+
+def _string_labels_message(name: str, example: Any) -> str:
+    return (
+        f"{name} hold class names (e.g. {str(example)!r}), not class indices; map them to indices with the "
+        f"model's label2id, e.g. [model.config.label2id[name] for name in {name}]."
+    )
+
+
 def as_tensor(values: Any, name: str) -> torch.Tensor:
     """Turn a tensor, numpy array or nested list into a tensor without copying tensors."""
     if isinstance(values, torch.Tensor):
         return values
-    if isinstance(values, np.ndarray):
-        if values.dtype == object:
-            raise ValueError(f"{name} has dtype object; pass a numeric array.")
-        return torch.from_numpy(np.ascontiguousarray(values))
+    if not isinstance(values, np.ndarray):
+        try:
+            values = np.asarray(values)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{name} could not be read as a numeric array: {err}") from None
+    if values.dtype.kind in "USO" and values.size:
+        example = values.flat[0]
+        if isinstance(example, (str, bytes)):
+            if name == "labels":
+                raise ValueError(_string_labels_message(name, example))
+            raise ValueError(f"{name} holds strings (e.g. {str(example)!r}); pass numbers.")
+    if values.dtype == object:
+        raise ValueError(f"{name} has dtype object; pass a numeric array.")
     try:
-        return torch.as_tensor(np.asarray(values))
+        return torch.from_numpy(np.ascontiguousarray(values))
     except (TypeError, ValueError) as err:
         raise ValueError(f"{name} could not be read as a numeric array: {err}") from None
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a bool; anything but True/False (e.g. the string ``'no'``, which is truthy) is refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 def softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -95,7 +146,11 @@ def check_probabilities(probs: torch.Tensor, *, from_logits: bool) -> torch.Tens
     # min/max propagate NaN, so one reduction checks finiteness and range without a mask copy.
     low, high = (float(v) for v in torch.aminmax(probs))
     if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError("probs contains NaN or infinite values.")
+        rows = describe_positions(nonfinite_rows(probs))
+        raise NonFiniteError(
+            f"probs contains NaN or infinite values (rows {rows}); every confidence computed from them would be "
+            "meaningless. Remove these samples, or fix the model or data that produced them."
+        )
     if from_logits:
         return softmax(probs)
     if low < 0.0 or high > 1.0:
@@ -119,6 +174,7 @@ def prepare_inputs(
     probs: Any, labels: Any, *, from_logits: bool = False, validate: bool = True
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Validate and convert ``probs`` (N, C) and ``labels`` (N,) to tensors on one device."""
+    from_logits = check_flag(from_logits, "from_logits")
     probs = as_tensor(probs, "probs")
     labels = as_tensor(labels, "labels")
     if probs.device != labels.device:
@@ -137,3 +193,53 @@ def row_chunks(probs: torch.Tensor, labels: torch.Tensor) -> Iterator[Tuple[torc
     rows = max(1, CHUNK_ELEMENTS // max(1, probs.shape[1]))
     for start in range(0, probs.shape[0], rows):
         yield probs[start : start + rows], labels[start : start + rows]
+
+
+def _kind(value: Any) -> str:
+    """numpy's dtype kind of one value: ``"i"``/``"u"`` for integers, ``"b"``, ``"f"``, ``"U"``, ..."""
+    if type(value) is int:
+        return "i"
+    return np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value).dtype.kind
+
+
+def check_references(references: Any) -> None:
+    """Refuse references that ``evaluate`` would silently cast to int64: floats (0.9 → 0), bools, strings."""
+    if references is None:
+        return
+    if isinstance(references, torch.Tensor):
+        references = references.cpu().numpy()
+    if isinstance(references, np.ndarray) and references.dtype != object:
+        if references.dtype.kind in "iu" or references.size == 0:
+            return
+        bad = references.reshape(-1)[0]
+    else:
+        bad = next((value for value in references if _kind(value) not in "iu"), None)
+        if bad is None:
+            return
+    kind = _kind(bad)
+    if kind in "USO" and isinstance(bad, (str, bytes, np.str_)):
+        raise ValueError(_string_labels_message("references", bad))
+    what = "booleans" if kind == "b" else "floats" if kind == "f" else type(bad).__name__
+    raise ValueError(
+        f"references must be integer class indices, got {what} (e.g. {bad!r}); evaluate would cast them to "
+        "integers silently (0.9 → 0, True → 1). Pass the true class index of each sample (argmax of one-hot targets)."
+    )
+
+
+class EvaluateInputChecks:
+    """Mixin for the ``evaluate`` modules: check references before ``evaluate`` casts them to int64.
+
+    Put it before ``evaluate.Metric`` in the bases: ``class Ece(EvaluateInputChecks, evaluate.Metric)``.
+    """
+
+    # evaluate appends each module's input description to these docstrings: they must exist.
+    def add_batch(self, *, predictions: Any = None, references: Any = None, **kwargs: Any) -> Any:
+        """Add a batch of predictions and references (references checked first)."""
+        check_references(references)
+        return super().add_batch(predictions=predictions, references=references, **kwargs)  # type: ignore[misc]
+
+    def add(self, *, prediction: Any = None, reference: Any = None, **kwargs: Any) -> Any:
+        """Add one prediction and reference (the reference checked first)."""
+        if reference is not None:
+            check_references([reference])
+        return super().add(prediction=prediction, reference=reference, **kwargs)  # type: ignore[misc]

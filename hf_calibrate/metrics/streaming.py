@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .._distributed import all_gather_variable, all_reduce_sum_, world_size
-from ._checks import check_n_bins, prepare_inputs
+from ._checks import check_flag, check_n_bins, prepare_inputs
 from .functional import (
     ReliabilityBins,
     calibration_error_from_statistics,
@@ -66,8 +66,8 @@ class CalibrationMetrics:
             raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}.")
         self.num_classes = num_classes
         self.n_bins = check_n_bins(n_bins)
-        self.adaptive = adaptive
-        self.classwise = classwise
+        self.adaptive = check_flag(adaptive, "adaptive")
+        self.classwise = check_flag(classwise, "classwise")
         self.reset()
 
     def reset(self) -> None:
@@ -84,7 +84,7 @@ class CalibrationMetrics:
 
     def update(self, probs: Any, labels: Any, *, from_logits: bool = False, validate: bool = True) -> None:
         """Add a batch: ``probs`` (n, C) probabilities (logits with ``from_logits``), ``labels`` (n,)."""
-        probs, labels = prepare_inputs(probs, labels, from_logits=from_logits, validate=validate)
+        probs, labels = prepare_inputs(probs, labels, from_logits=from_logits, validate=check_flag(validate, "validate"))
         if probs.shape[1] != self.num_classes:
             raise ValueError(
                 f"this accumulator was built for {self.num_classes} classes but the batch has "

@@ -1,0 +1,116 @@
+"""Reliability table: every broken input, option, artifact and interrupted save we try, and how each ended.
+
+Each case ends in one of five outcomes: *refused clearly* (an error naming the problem and the
+fix), *handled correctly*, *silent bad result*, *files lost*, or *unclear error*. The last three
+must be 0.
+
+* Artifacts (corrupt records and tensors, saves over a user's files, load options, a save killed
+  at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/test_reliability_artifacts.py``
+  run as a script classifies every case itself (``reliability_counts``).
+* Data, options, labels, input sizes: the parametrised cases of ``tests/test_reliability_inputs.py``
+  and ``tests/test_reliability_input_size.py``. Each test function states one expected outcome
+  (below); a case that passes ended that way, a case that fails did not (counted as *unclear
+  error*: the test's message says whether the result was silent or the error unclear).
+
+Usage::
+
+    python benchmarks/bench_reliability.py            # writes benchmarks/results/reliability.md
+    python benchmarks/bench_reliability.py --quick    # 100 fuzz mutations; prints only
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import _report
+
+OUTCOMES = ("refused clearly", "handled correctly", "silent bad result", "files lost", "unclear error")
+REFUSED, HANDLED = OUTCOMES[:2]
+TESTS = _report.ROOT / "tests"
+#: test function → (group, the outcome its cases must end in)
+INPUT_CASES: Dict[str, Tuple[str, str]] = {
+    "test_nonfinite_input_is_refused_naming_the_sample_and_the_fix": ("bad input: NaN/inf in the data", REFUSED),
+    "test_model_emitting_nonfinite_logits_is_refused": ("bad input: model emits NaN/inf", REFUSED),
+    "test_calibrators_refuse_nonfinite_logits_given_directly": ("bad input: NaN/inf logits given directly", REFUSED),
+    "test_evaluate_and_metrics_name_the_nonfinite_samples": ("bad input: NaN/inf logits given directly", REFUSED),
+    "test_bad_fit_option_names_the_option_the_value_and_what_is_allowed": ("bad options and types", REFUSED),
+    "test_neural_clamping_options_built_directly_are_checked_like_fit": ("bad options and types", REFUSED),
+    "test_bad_evaluate_option_is_named_like_fit": ("bad options and types", REFUSED),
+    "test_metric_flags_and_label_types_are_checked": ("bad options and types", REFUSED),
+    "test_evaluate_modules_refuse_what_they_would_cast": ("bad options and types", REFUSED),
+    "test_unknown_class_names_list_the_models_labels": ("labels as class names", REFUSED),
+    "test_class_names_as_labels_are_matched_to_the_model": ("labels as class names", HANDLED),
+    "test_classlabel_names_matched_ignoring_case_or_else_indices_kept_with_a_warning": ("labels as class names", HANDLED),
+    "test_mac_cal_keeps_the_head_it_validated": ("MaC-Cal keeps the validated head", HANDLED),
+    "test_another_input_size_at_inference_names_the_size_to_use": ("input size and preprocessing", REFUSED),
+    "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),
+    "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
+}
+INPUT_TEST_FILES = ("test_reliability_inputs.py", "test_reliability_input_size.py")
+DEFAULT_INPUT_GROUP = ("input size and preprocessing", HANDLED)
+
+
+def input_counts() -> Dict[str, Dict[str, int]]:
+    """Run the data/option/input-size reliability tests; count each case's outcome per group."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                   *(str(TESTS / name) for name in INPUT_TEST_FILES)]
+        subprocess.run(command, cwd=_report.ROOT, capture_output=True, text=True, check=False)
+        cases = ElementTree.parse(report).getroot().iter("testcase")
+        counts: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for case in cases:
+            function = case.get("name", "").split("[")[0]
+            group, expected = INPUT_CASES.get(function, DEFAULT_INPUT_GROUP)
+            failed = case.find("failure") is not None or case.find("error") is not None
+            counts[group]["unclear error" if failed else expected] += 1
+    return {group: {outcome: counter.get(outcome, 0) for outcome in OUTCOMES} for group, counter in counts.items()}
+
+
+def artifact_counts(fuzz_iterations: int) -> Dict[str, Dict[str, int]]:
+    """``tests/test_reliability_artifacts.py`` as a script: every artifact case classified by itself."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", RELIABILITY_FUZZ_ITERATIONS=str(fuzz_iterations))
+    command = [sys.executable, str(TESTS / "test_reliability_artifacts.py")]
+    result = subprocess.run(command, cwd=_report.ROOT, env=env, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+def markdown(counts: Dict[str, Dict[str, int]], session: _report.Session) -> str:
+    totals: collections.Counter = collections.Counter()
+    rows = []
+    for group, row in counts.items():
+        totals.update(row)
+        rows.append((group, sum(row.values()), *(row[outcome] for outcome in OUTCOMES)))
+    rows.append(("**all**", sum(totals.values()), *(totals[outcome] for outcome in OUTCOMES)))
+    lines = [
+        *session.header("Reliability: broken inputs, options, artifacts and interrupted saves", ("torch",)),
+        *_report.table(("group", "cases", *OUTCOMES), rows, "lrrrrrr"),
+        "",
+        "*silent bad result*, *files lost* and *unclear error* must be 0. The groups load, save, load options, "
+        "kill (a save over a user's files killed at every step) and fuzz (mutations of a valid artifact's record "
+        "and tensors) come from `tests/test_reliability_artifacts.py`, which classifies each case itself; the "
+        "others are the cases of `tests/test_reliability_inputs.py` and `tests/test_reliability_input_size.py`, "
+        "each test stating its expected outcome.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = _report.parser(__doc__, default_repeats=1, quick_repeats=1)
+    parser.add_argument("--fuzz", type=int, default=1000, help="fuzz mutations of a valid artifact (default 1000; --quick: 100)")
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_reliability.py", args)
+    counts = {**input_counts(), **artifact_counts(100 if args.quick else args.fuzz)}
+    session.finish(markdown(counts, session), "reliability")
+
+
+if __name__ == "__main__":
+    main()

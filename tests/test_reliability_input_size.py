@@ -1,0 +1,313 @@
+"""A calibration holds for the inputs it was fitted on: their size and preprocessing travel with it.
+
+* A timm CNN used at a size other than its ``pretrained_cfg["input_size"]`` (1×8×8 digits on a
+  one-channel resnet10t, 3×32×32 images on timm's small test_resnet) is fitted with Neural Clamping — δ takes the
+  data's shape, a warning names both sizes — pushed to the local test Hub and reloaded by repo
+  id in a fresh process with bit-identical logits; the record and the saved ``config.json``
+  carry the calibrated size. At inference another size is a clear error naming the size to
+  use; calibration samples of different sizes are a clear error too.
+* A transformers image-classification pipeline on a calibrated ViT preprocesses to the
+  calibrated size, not to its image processor's default.
+* A text model's ``max_length`` is recorded and re-applied: by ``evaluate`` (an explicit other
+  value warns), by the saved tokenizer, and by ``hf-calibrate fit`` / ``evaluate``.
+* A timm model with two classifier heads (distilled DeiT): the layer the head methods replace
+  is named in a warning, the fit summary and the record, and ``classifier=`` chooses it.
+
+Everything is tiny (a few dozen samples, one or two epochs) so each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+import timm
+import torch
+from huggingface_hub import hf_hub_download
+from safetensors.torch import load_file, save_file
+from torch.utils.data import Dataset, TensorDataset
+
+import _tiny_models as tm
+from hf_calibrate import CalibratedModel
+
+N = 48
+# (timm architecture, create_model options, per-sample input shape the model is used at)
+CNN_CASES = {
+    "digits-1x8x8": ("resnet10t", {"in_chans": 1, "num_classes": 10}, (1, 8, 8)),
+    "images-3x32x32": ("test_resnet", {"num_classes": 10}, (3, 32, 32)),  # a 0.4M-parameter resnet
+}
+RELOAD_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from safetensors.torch import load_file, save_file
+    from hf_calibrate import CalibratedModel
+
+    torch.set_num_threads(1)
+    manifest = json.load(open(sys.argv[1]))
+    inputs = load_file(manifest["inputs"])
+    outputs = {}
+    for key, repo_id in manifest["repos"].items():
+        with torch.no_grad():
+            outputs[key] = CalibratedModel.from_pretrained(repo_id)(inputs[key]).contiguous()
+    save_file(outputs, manifest["outputs"])
+    """
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    with tm.torch_threads(1):
+        yield
+
+
+def _labelled(model: torch.nn.Module, pixels: torch.Tensor, seed: int = 0) -> TensorDataset:
+    """``pixels`` with labels drawn from the model's sharpened predictions (informative, mis-calibrated)."""
+    with torch.no_grad():
+        logits = model(pixels)
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(pixels, torch.multinomial(torch.softmax(4 * logits.double(), 1), 1, generator=generator).squeeze(1))
+
+
+def _fit_cnn(key: str) -> Dict[str, Any]:
+    """Neural Clamping of the CNN of ``key`` at its (non-default) input size; the fit's warnings are kept."""
+    architecture, options, shape = CNN_CASES[key]
+    torch.manual_seed(0)
+    model = timm.create_model(architecture, pretrained=False, **options).eval()
+    data = _labelled(model, torch.randn(N, *shape, generator=torch.Generator().manual_seed(1)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calibrated = tm.fit(model, data, "neural_clamping", batch_size=24)
+    tm.enlarge_delta(calibrated, scale=0.2)
+    return {"model": model, "data": data, "calibrated": calibrated, "shape": shape,
+            "warnings": [str(w.message) for w in caught]}
+
+
+@pytest.fixture(scope="module")
+def cnns() -> Dict[str, Dict[str, Any]]:
+    return {key: _fit_cnn(key) for key in CNN_CASES}
+
+
+@pytest.fixture(scope="module")
+def pushed_cnns(cnns, hub_server, tmp_path_factory) -> Dict[str, Any]:
+    """Push both calibrations, then reload them by repo id in one fresh process."""
+    work = tmp_path_factory.mktemp("input_size")
+    inputs = {key: case["data"].tensors[0][:6].contiguous() for key, case in cnns.items()}
+    with hub_server.configure_client(offline=False):
+        repos = {key: hub_server.unique_repo_id(key) for key in cnns}
+        for key, case in cnns.items():
+            case["calibrated"].push_to_hub(repos[key])
+        save_file(inputs, str(work / "inputs.safetensors"))
+        manifest = {"inputs": str(work / "inputs.safetensors"), "outputs": str(work / "outputs.safetensors"), "repos": repos}
+        (work / "manifest.json").write_text(json.dumps(manifest))
+        (work / "reload.py").write_text(RELOAD_SCRIPT)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        result = subprocess.run([sys.executable, str(work / "reload.py"), str(work / "manifest.json")],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        configs = {key: json.loads(Path(hf_hub_download(repo, "config.json")).read_text()) for key, repo in repos.items()}
+        records = {key: json.loads(Path(hf_hub_download(repo, "calibration_config.json")).read_text()) for key, repo in repos.items()}
+    return {"inputs": inputs, "reloaded": load_file(str(work / "outputs.safetensors")), "configs": configs, "records": records}
+
+
+# ----------------------------------------------------------------------------- timm CNNs at other sizes
+
+
+@pytest.mark.parametrize("key", list(CNN_CASES))
+def test_delta_takes_the_shape_of_the_calibration_data(cnns, key):
+    case = cnns[key]
+    assert tuple(case["calibrated"].calibrator.input_perturbation.shape) == case["shape"]
+    declared = "×".join(str(v) for v in case["model"].pretrained_cfg["input_size"])
+    used = "×".join(str(v) for v in case["shape"])
+    assert any(used in message and declared in message for message in case["warnings"]), case["warnings"]
+
+
+@pytest.mark.parametrize("key", list(CNN_CASES))
+def test_fresh_process_reload_by_repo_id_is_bit_identical(cnns, pushed_cnns, key):
+    with torch.no_grad():
+        expected = cnns[key]["calibrated"](pushed_cnns["inputs"][key])
+        base = cnns[key]["model"](pushed_cnns["inputs"][key])
+    assert torch.equal(pushed_cnns["reloaded"][key], expected)
+    assert not torch.allclose(expected, base)  # δ and T matter for the compared logits
+
+
+@pytest.mark.parametrize("key", list(CNN_CASES))
+def test_the_calibrated_size_is_recorded_and_saved_as_the_input_size(cnns, pushed_cnns, key):
+    shape = list(cnns[key]["shape"])
+    contract = pushed_cnns["records"][key]["input_contract"]
+    assert contract["input_size"] == shape and contract["shape"] == shape
+    assert contract["preprocessing"]["input_size"] == shape
+    assert pushed_cnns["configs"][key]["pretrained_cfg"]["input_size"] == shape  # what pipelines and timm read
+
+
+def test_another_input_size_at_inference_names_the_size_to_use(cnns):
+    calibrated = cnns["digits-1x8x8"]["calibrated"]
+    with pytest.raises(ValueError, match=r"per-sample shape \(1, 16, 16\).*calibrated on inputs of size 1×8×8.*Preprocess inputs to \(1, 8, 8\)"):
+        calibrated(torch.zeros(2, 1, 16, 16))
+
+
+class _MixedSizes(Dataset):
+    """Digits at 8×8 and, every third sample, at 9×9: data a user forgot to resize."""
+
+    def __init__(self, count: int) -> None:
+        generator = torch.Generator().manual_seed(3)
+        self.items = [(torch.randn(1, 9 if i % 3 == 2 else 8, 9 if i % 3 == 2 else 8, generator=generator), i % 10)
+                      for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+
+@pytest.mark.filterwarnings("ignore:the calibration data have input size")
+def test_calibration_samples_of_different_sizes_are_a_clear_error(cnns):
+    model = cnns["digits-1x8x8"]["model"]
+    with pytest.raises(ValueError, match=r"calibration samples differ in size.*\(1, 8, 8\).*\(1, 9, 9\).*same size"):
+        tm.fit(model, _MixedSizes(12), "neural_clamping", batch_size=12, micro_batch_size=1, epochs=1)
+
+
+# ----------------------------------------------------------------------------- transformers ViT pipeline
+
+
+def test_vit_pipeline_preprocesses_to_the_calibrated_size(tmp_path):
+    from transformers import ViTImageProcessor, pipeline
+
+    base = tm.tiny_vit(seed=3)  # its config takes 16×16 images
+    data = tm.image_data(base, N, seed=3)
+    processor = ViTImageProcessor()  # its default size: 224×224
+    with pytest.warns(UserWarning, match="16×16.*224×224"):
+        calibrated = tm.fit(base, data, "neural_clamping", preprocessor=processor)
+    tm.enlarge_delta(calibrated, scale=0.2)
+    calibrated.save_pretrained(tmp_path / "vit")
+    saved = json.loads((tmp_path / "vit" / "preprocessor_config.json").read_text())
+    assert saved["size"] == {"height": 16, "width": 16} and processor.size["height"] == 224  # the user's one untouched
+
+    images = tm.pil_images(3, seed=5, size=40)
+    scores = pipeline("image-classification", model=str(tmp_path / "vit"))(images, top_k=None)
+    resized = ViTImageProcessor(size={"height": 16, "width": 16})
+    label2id = {label: int(index) for index, label in calibrated.config.id2label.items()}
+    for image, output in zip(images, scores):
+        with torch.no_grad():
+            logits = tm.logits_of(calibrated, {"pixel_values": resized(image, return_tensors="pt")["pixel_values"]})[0]
+        expected = torch.softmax(logits.double(), -1)
+        got = torch.tensor([next(item["score"] for item in output if label2id[item["label"]] == c) for c in range(len(label2id))])
+        assert torch.allclose(got.double(), expected, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- text: max_length
+
+
+@pytest.fixture(scope="module")
+def text_case() -> Dict[str, Any]:
+    """A tiny BERT with the real MiniLM tokenizer, raw-text splits, and a fit at max_length=5."""
+    import datasets
+
+    tokenizer = tm.minilm_tokenizer()
+    base = tm.tiny_bert(seed=4, vocab_size=len(tokenizer))
+    generator = torch.Generator().manual_seed(4)
+    splits = {
+        name: datasets.Dataset.from_dict({"text": tm.sentences(N, seed=seed),
+                                          "label": torch.randint(0, tm.NUM_CLASSES, (N,), generator=generator).tolist()})
+        for name, seed in (("calibration", 20), ("test", 21))
+    }
+    calibrated = tm.fit(base, splits["calibration"], "temperature", preprocessor=tokenizer, max_length=5)
+    return {"tokenizer": tokenizer, "base": base, "splits": splits, "calibrated": calibrated}
+
+
+def _metrics(evaluation: Dict[str, Any]) -> Dict[str, float]:
+    return {side: evaluation[side]["nll"] for side in ("uncalibrated", "calibrated")}
+
+
+def test_max_length_is_recorded(text_case):
+    facts = text_case["calibrated"].calibration_record()["input_contract"]["preprocessing"]
+    assert facts["max_length"] == 5 and facts["truncation"] is True
+    assert facts["padding_side"] == text_case["tokenizer"].padding_side
+
+
+def test_evaluate_reapplies_max_length_and_warns_about_another(text_case):
+    calibrated, test = text_case["calibrated"], text_case["splits"]["test"]
+    default = _metrics(calibrated.evaluate(test, progress=False))
+    assert default == _metrics(calibrated.evaluate(test, progress=False, max_length=5))
+    with pytest.warns(UserWarning, match="max_length=16.*max_length=5"):
+        longer = _metrics(calibrated.evaluate(test, progress=False, max_length=16))
+    assert longer != default
+    assert text_case["tokenizer"].model_max_length == 512  # the user's tokenizer is untouched
+
+
+def test_saved_tokenizer_truncates_at_the_calibrated_length(text_case, tmp_path):
+    calibrated, test = text_case["calibrated"], text_case["splits"]["test"]
+    calibrated.save_pretrained(tmp_path / "bert")
+    assert json.loads((tmp_path / "bert" / "tokenizer_config.json").read_text())["model_max_length"] == 5
+    reloaded = CalibratedModel.from_pretrained(tmp_path / "bert")
+    assert _metrics(reloaded.evaluate(test, progress=False)) == _metrics(calibrated.evaluate(test, progress=False))
+
+
+def test_command_line_records_and_reapplies_max_length(text_case, tmp_path, capsys):
+    from hf_calibrate.cli import main
+
+    text_case["base"].save_pretrained(tmp_path / "model")
+    text_case["tokenizer"].save_pretrained(tmp_path / "model")
+    (tmp_path / "data").mkdir()
+    for name, split in text_case["splits"].items():
+        split.to_csv(str(tmp_path / "data" / f"{name}.csv"), index=False)
+    common = ["--dataset", str(tmp_path / "data"), "--no-progress"]
+    assert main(["fit", "--model", str(tmp_path / "model"), *common, "--split", "calibration", "--method", "temperature",
+                 "--max-length", "5", "--output", str(tmp_path / "calibrated")]) == 0
+    record = json.loads((tmp_path / "calibrated" / "calibration_config.json").read_text())
+    assert record["input_contract"]["preprocessing"]["max_length"] == 5
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "calibrated"), *common, "--split", "test", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = CalibratedModel.from_pretrained(tmp_path / "calibrated").evaluate(
+        text_case["splits"]["test"], progress=False, max_length=5)
+    assert printed["calibrated"]["nll"] == pytest.approx(expected["calibrated"]["nll"], abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- two classifier heads
+
+
+@pytest.fixture(scope="module")
+def deit() -> Dict[str, Any]:
+    """A one-block distilled DeiT at 32×32: two nn.Linear heads with one output per class."""
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, num_classes=tm.NUM_CLASSES,
+                              img_size=32, depth=1).eval()
+    return {"model": model, "data": _labelled(model, torch.randn(N, 3, 32, 32, generator=torch.Generator().manual_seed(6)))}
+
+
+@pytest.mark.filterwarnings("ignore:the calibration data have input size")
+def test_ambiguous_classifier_is_named_in_a_warning_the_summary_and_the_record(deit):
+    with pytest.warns(UserWarning, match=r"2 nn.Linear layers with 4 outputs \(head, head_dist\).*'head_dist'.*classifier="):
+        calibrated = tm.fit(deit["model"], deit["data"], "tst", epochs=1)
+    assert calibrated.fit_summary["classifier"] == "head_dist"
+    assert calibrated.calibration_record()["base_model"]["classifier"] == "head_dist"
+
+
+@pytest.mark.filterwarnings("ignore:the calibration data have input size")
+def test_named_classifier_is_used_saved_and_reloaded(deit, tmp_path):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*nn.Linear layers with")
+        calibrated = tm.fit(deit["model"], deit["data"], "tst", epochs=1, classifier="head")
+    assert calibrated.backbone.final_layer() is deit["model"].head
+    assert calibrated.fit_summary["classifier"] == "head"
+    calibrated.save_pretrained(tmp_path / "deit")
+    reloaded = CalibratedModel.from_pretrained(tmp_path / "deit")
+    assert reloaded.backbone.classifier_name == "head"
+    x = deit["data"].tensors[0][:4]
+    with torch.no_grad():
+        assert torch.equal(reloaded(x), calibrated(x))
+
+
+@pytest.mark.filterwarnings("ignore:the calibration data have input size")
+def test_unknown_classifier_lists_the_candidates(deit):
+    with pytest.raises(ValueError, match=r"classifier='heads'.*not a layer.*\['head', 'head_dist'\]"):
+        tm.fit(deit["model"], deit["data"], "tst", epochs=1, classifier="heads")
