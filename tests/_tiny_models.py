@@ -203,6 +203,19 @@ def vit_image_processor() -> Any:
     return ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
 
 
+def plain_module(seed: int = 0) -> nn.Module:
+    """A plain ``nn.Module`` classifier (6 features → NUM_CLASSES logits): no hub library, no preprocessing."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, NUM_CLASSES)).eval()
+
+
+def plain_data(module: nn.Module) -> TensorDataset:
+    """64 random feature rows labelled by a sharpened ``module`` (seeded)."""
+    x = torch.randn(64, 6, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        return TensorDataset(x, (4 * module(x)).argmax(1))
+
+
 def make_base(kind: str, seed: int = 0, n: int = 64) -> Tuple[nn.Module, Dataset, Any]:
     """(base model, ``n`` labelled calibration samples, preprocessor or None) for ``kind``.
 

@@ -18,8 +18,6 @@ from typing import Any, Callable, Dict, Iterator
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
-from torch.utils.data import TensorDataset
 
 import _tiny_models as tm
 import hf_calibrate.serialization as serialization
@@ -36,18 +34,6 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-def _plain_module(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, tm.NUM_CLASSES)).eval()
-
-
-def _plain_data(module: nn.Module) -> TensorDataset:
-    x = torch.randn(64, 6, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        y = (4 * module(x)).argmax(1)
-    return TensorDataset(x, y)
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Dict[str, Any]:
     """Valid artifacts: kind → folder, plus the bases (``"<kind>-base"``) and sample inputs."""
@@ -59,8 +45,8 @@ def saved(tmp_path_factory) -> Dict[str, Any]:
         tm.enlarge_delta(calibrated)
         calibrated.save_pretrained(root / kind)
         out[kind], out[f"{kind}-base"], out[f"{kind}-inputs"] = root / kind, base, tm.batch_of(data, 4)
-    plain = _plain_module()
-    tm.fit(plain, _plain_data(plain), "temperature").save_pretrained(root / "plain")
+    plain = tm.plain_module()
+    tm.fit(plain, tm.plain_data(plain), "temperature").save_pretrained(root / "plain")
     out["plain"], out["plain-base"] = root / "plain", plain
     return out
 
@@ -268,7 +254,7 @@ def test_missing_transformers_base_folder(copy_of):
 def test_plain_module_needs_base_model(saved):
     message = _refused(saved["plain"])
     assert "plain PyTorch module" in message and "base_model=" in message
-    other = _plain_module(seed=5)
+    other = tm.plain_module(seed=5)
     message = _refused(saved["plain"], base_model=other)
     assert "not those the calibration" in message and "the base_model= you passed" in message
     reloaded = CalibratedModel.from_pretrained(saved["plain"], base_model=saved["plain-base"])

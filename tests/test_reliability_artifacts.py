@@ -57,8 +57,6 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
-from torch import nn
-from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python tests/test_reliability_artifacts.py`
 import _tiny_models as tm  # noqa: E402
@@ -76,17 +74,6 @@ KILLED = 86  # exit status of a child killed by the kill hook
 
 
 # ----------------------------------------------------------------------------- the test bed
-
-
-def plain_module(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, tm.NUM_CLASSES)).eval()
-
-
-def plain_data(module: nn.Module) -> TensorDataset:
-    x = torch.randn(64, 6, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        return TensorDataset(x, (4 * module(x)).argmax(1))
 
 
 # kind → (base, method, evaluate before saving)
@@ -109,13 +96,13 @@ class Bed:
         self.models: Dict[str, CalibratedModel] = {}
         self._inputs: Dict[str, Dict[str, torch.Tensor]] = {}
         self._references: Dict[str, CalibratedModel] = {}
-        self.plain = plain_module()
+        self.plain = tm.plain_module()
 
     def model(self, kind: str) -> CalibratedModel:
         if kind not in self.models:
             source, method, evaluate = RECIPES[kind]
             if source == "plain":
-                base, data, preprocessor = self.plain, plain_data(self.plain), None
+                base, data, preprocessor = self.plain, tm.plain_data(self.plain), None
             else:
                 base, data, preprocessor = tm.make_base(source)
             model = tm.fit(base, data, method, preprocessor=preprocessor)
