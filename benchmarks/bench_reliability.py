@@ -52,6 +52,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_mac_cal_keeps_the_head_it_validated": ("MaC-Cal keeps the validated head", HANDLED),
     "test_another_input_size_at_inference_names_the_size_to_use": ("input size and preprocessing", REFUSED),
     "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),
+    "test_samples_of_different_sizes_in_one_batch_name_both_sizes": ("input size and preprocessing", REFUSED),
     "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
 }
 INPUT_TEST_FILES = ("test_reliability_inputs.py", "test_reliability_input_size.py")

@@ -402,6 +402,7 @@ def prepare_data(
         def collate(items: List[Any]) -> Batch:
             if isinstance(items[0], Mapping):
                 return split_batch(collate_rows(items, pad_token_id), backbone)
+            _check_same_input_size(items)
             return split_batch(default_collate(items), backbone)
 
         return PreparedData(data, collate, f"{type(data).__name__}({len(data)} samples)")
@@ -409,6 +410,17 @@ def prepare_data(
         f"calibration data of type {type(data).__name__} is not supported; pass a DataLoader, a map-style "
         "torch Dataset, or a datasets.Dataset."
     )
+
+
+def _check_same_input_size(items: List[Any]) -> None:
+    """Refuse (inputs, label) samples whose input tensors differ in shape, naming two of the shapes."""
+    inputs = [item[0] for item in items if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor)]
+    shapes = sorted({tuple(tensor.shape) for tensor in inputs})
+    if len(shapes) > 1:
+        raise ValueError(
+            f"the calibration samples differ in size: {shapes[0]} and {shapes[1]} in one batch. A calibration holds at "
+            "one input size; resize or crop them all to one size (the size you will run the model at)."
+        )
 
 
 def _is_hf_dataset(data: Any) -> bool:

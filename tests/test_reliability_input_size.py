@@ -311,3 +311,11 @@ def test_named_classifier_is_used_saved_and_reloaded(deit, tmp_path):
 def test_unknown_classifier_lists_the_candidates(deit):
     with pytest.raises(ValueError, match=r"classifier='heads'.*not a layer.*\['head', 'head_dist'\]"):
         tm.fit(deit["model"], deit["data"], "tst", epochs=1, classifier="heads")
+
+
+def test_samples_of_different_sizes_in_one_batch_name_both_sizes():
+    """Not torch's "stack expects each tensor to be equal size": the shapes and the fix."""
+    model = timm.create_model("resnet10t", pretrained=False, num_classes=3, in_chans=1).eval()
+    samples = [(torch.randn(1, 8, 8), 0), (torch.randn(1, 9, 9), 1), (torch.randn(1, 8, 8), 2)]
+    with pytest.raises(ValueError, match=r"differ in size: \(1, 8, 8\) and \(1, 9, 9\).*resize or crop"):
+        CalibratedModel.fit(model, samples, method="temperature", progress=False)
