@@ -48,7 +48,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_evaluate_modules_refuse_what_they_would_cast": ("bad options and types", REFUSED),
     "test_unknown_class_names_list_the_models_labels": ("labels as class names", REFUSED),
     "test_class_names_as_labels_are_matched_to_the_model": ("labels as class names", HANDLED),
-    "test_classlabel_names_matched_ignoring_case_or_else_indices_kept_with_a_warning": ("labels as class names", HANDLED),
+    "test_classlabel_names_matched_ignoring_case_else_refused_naming_the_cast": ("labels as class names", HANDLED),
     "test_mac_cal_keeps_the_head_it_validated": ("MaC-Cal keeps the validated head", HANDLED),
     "test_another_input_size_at_inference_names_the_size_to_use": ("input size and preprocessing", REFUSED),
     "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),

@@ -16,7 +16,6 @@ holds the keyword arguments of the base model (``pixel_values`` for timm and vis
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -196,16 +195,17 @@ def align_labels(data: Any, column: str, backbone: Backbone) -> Any:
         return _relabel(data, column, dict(zip(names, label_indices(names, backbone))), model_names)
     if isinstance(feature, datasets.ClassLabel):
         _check_class_count(len(feature.names), backbone)
-        mapping = None if model_names is None or feature.names == model_names else _match_names(feature.names, model_names)
-        if mapping is None:
-            if model_names is not None and feature.names != model_names:
-                warnings.warn(
-                    f"the dataset's class names {feature.names} are not the model's {model_names}; their class indices "
-                    "are used as the model's. If index k means another class in the two, relabel the dataset first "
-                    "(datasets' Dataset.align_labels_with_mapping).",
-                    stacklevel=3,
-                )
+        if model_names is None or feature.names == model_names:
             return data
+        mapping = _match_names(feature.names, model_names)
+        if mapping is None:
+            unknown = sorted(name for name in feature.names if name.casefold() not in {m.casefold() for m in model_names})
+            raise ValueError(
+                f"the dataset's labels {unknown} are not labels of the model, whose labels are {model_names}. If the "
+                f"dataset's class indices already mean the model's classes, drop the names: "
+                f"data.cast_column({column!r}, datasets.Value('int64')); otherwise map them with "
+                "data.align_labels_with_mapping(label2id, column)."
+            )
         return _relabel(data, column, mapping, model_names)
     if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
         raise ValueError(f"label column {column!r} holds {feature}; it must hold class indices or class names.")

@@ -353,10 +353,10 @@ def test_unknown_class_names_list_the_models_labels(cnn, clean, form):
     assert_names(error, "['cow']", "not labels of the model", str(list(LABELS)))
 
 
-def test_classlabel_names_matched_ignoring_case_or_else_indices_kept_with_a_warning(cnn, clean):
+def test_classlabel_names_matched_ignoring_case_else_refused_naming_the_cast(cnn, clean):
     """SST-2's ``negative``/``positive`` against a model's ``NEGATIVE``/``POSITIVE`` is matched by
-    name; names that do not match at all keep the dataset's indices (what the user passed) and
-    say so, instead of refusing indices."""
+    name; names that do not match at all are refused with the two ways out (the indices may or
+    may not mean the model's classes: guessing would be a silent wrong calibration)."""
     import datasets
 
     from hf_calibrate.backbones import adapt
@@ -369,6 +369,6 @@ def test_classlabel_names_matched_ignoring_case_or_else_indices_kept_with_a_warn
     matched = align_labels(shouted, "label", backbone)
     assert matched["label"] == [len(names) - 1 - label for label in labels]
     other = datasets.Dataset.from_dict({"label": labels}, features=datasets.Features({"label": datasets.ClassLabel(names=[f"other{i}" for i in range(len(names))])}))
-    with pytest.warns(UserWarning, match="class indices are used as the model's"):
-        kept = align_labels(other, "label", backbone)
-    assert kept["label"] == labels
+    with pytest.raises(ValueError) as error:
+        align_labels(other, "label", backbone)
+    assert_names(error, "'other0'", "cast_column('label', datasets.Value('int64'))", "align_labels_with_mapping")
