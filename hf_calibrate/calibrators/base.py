@@ -21,7 +21,7 @@ import functools
 import math
 import os
 import typing
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional
 
 import numpy as np
 import torch
@@ -96,10 +96,6 @@ class Calibrator(nn.Module):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "Calibrator":
         return cls(**config)
-
-    def expected_shapes(self) -> Dict[str, Tuple[int, ...]]:
-        """Name → shape of every tensor in the saved state (for verified loading)."""
-        return {name: tuple(tensor.shape) for name, tensor in self.state_dict().items()}
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}"
