@@ -5,6 +5,8 @@ Accelerate and torchrun initialise the default process group; these helpers only
 
 from __future__ import annotations
 
+from typing import List
+
 import torch
 import torch.distributed as dist
 
@@ -37,11 +39,11 @@ def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return tensor
 
 
-def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
-    """Concatenate, in rank order, tensors whose first dimension differs between processes."""
+def all_gather_parts(values: torch.Tensor) -> List[torch.Tensor]:
+    """Every process's ``values`` (first dimensions may differ), as a list in rank order."""
     world = world_size()
     if world == 1:
-        return values
+        return [values]
     length = torch.tensor([values.shape[0]], device=values.device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
     dist.all_gather(lengths, length)
@@ -50,7 +52,18 @@ def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
     padded[: values.shape[0]] = values
     gathered = [torch.zeros_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
-    return torch.cat([part[: int(n)] for part, n in zip(gathered, lengths)])
+    return [part[: int(n)] for part, n in zip(gathered, lengths)]
+
+
+def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
+    """Concatenate, in rank order, tensors whose first dimension differs between processes."""
+    return torch.cat(all_gather_parts(values))
+
+
+def all_gather_text(text: str, device: torch.device) -> List[str]:
+    """Every process's ``text``, in rank order (sent as UTF-8 bytes; no pickling)."""
+    encoded = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8, device=device)
+    return [bytes(part.cpu().tolist()).decode("utf-8") for part in all_gather_parts(encoded)]
 
 
 def shut_down() -> None:

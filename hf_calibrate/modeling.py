@@ -40,7 +40,8 @@ from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from .data import prepare_data
-from .fitting import Engine, EngineOptions, check_finite_outputs, fit_calibrator, input_contract
+from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
+from .fitting.faults import note_nonfinite_outputs
 from .metrics import CalibrationMetrics, ReliabilityBins
 from .version import __version__
 
@@ -315,11 +316,13 @@ class CalibratedModel(PreTrainedModel):
                             calibrated_logits = self.calibrator(base_logits).float()
                         else:
                             calibrated_logits = self._calibrated_forward(inputs)[0].float()
-                    engine.check_labels(labels, self.calibrator.num_classes)
-                    check_finite_outputs(prepared, base_logits, torch.as_tensor(micro), number, "logits")
-                    check_finite_outputs(prepared, calibrated_logits, torch.as_tensor(micro), number, "calibrated logits")
-                    uncalibrated.update(base_logits, labels, from_logits=True)
-                    calibrated.update(calibrated_logits, labels, from_logits=True)
+                    bad = engine.note_label_faults(labels, self.calibrator.num_classes)
+                    bad |= note_nonfinite_outputs(engine.faults, prepared, base_logits, micro, number, "logits")
+                    bad |= note_nonfinite_outputs(engine.faults, prepared, calibrated_logits, micro, number, "calibrated logits")
+                    if not bad:
+                        uncalibrated.update(base_logits, labels, from_logits=True)
+                        calibrated.update(calibrated_logits, labels, from_logits=True)
+                engine.sync_faults()
                 bar.update(1)
         result = {
             "uncalibrated": uncalibrated.compute(),

@@ -11,7 +11,7 @@ from ..backbones.preprocessing import describe_inputs, warn_if_not_declared
 from ..calibrators import Calibrator, calibrator_class
 from ..data import PreparedData
 from ..metrics import NonFiniteError
-from .engine import Engine, EngineOptions, check_finite_inputs, check_finite_outputs, steps_per_epoch
+from .engine import Engine, EngineOptions, steps_per_epoch
 from .heads import FeatureStore, collect_features, fit_head, head_facts
 from .neural_clamping import fit_neural_clamping, random_crop_flip_cutout
 
@@ -93,8 +93,6 @@ __all__ = [
     "EngineOptions",
     "FeatureStore",
     "NonFiniteError",
-    "check_finite_inputs",
-    "check_finite_outputs",
     "collect_features",
     "fit_calibrator",
     "fit_head",

@@ -26,7 +26,8 @@ from .. import _distributed
 from ..backbones import Backbone, Inputs
 from ..calibrators.base import check_fields, require
 from ..data import PreparedData
-from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
+from ..metrics._checks import check_labels
+from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
 
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,6 +97,7 @@ class Engine:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
+        self.faults = FaultLedger()  # bad data found on this process, raised on all (see faults.py)
         if _distributed.world_size() != self.world:
             raise RuntimeError(
                 f"torch.distributed runs {_distributed.world_size()} processes but Accelerate reports {self.world}: "
@@ -153,14 +155,17 @@ class Engine:
         return [local[start : start + size] for start in range(0, len(local), size)]
 
     def iterate(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
-        """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device."""
+        """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device.
+
+        Non-finite floating inputs are noted in :attr:`faults` and yielded as zeros; the consumer
+        raises them at the batch's synchronisation point (:meth:`sync_faults`).
+        """
         plan = [(number, micro) for number, batch in enumerate(global_batches) for micro in self.local_micro_batches(batch)]
         if not plan:
             return
         loader = data.loader([micro for _, micro in plan], num_workers=self.options.num_workers)
         for (number, micro), (inputs, labels) in zip(plan, loader):
-            inputs = self.to_device(inputs)
-            check_finite_inputs(data, inputs, micro, number)
+            inputs = note_nonfinite_inputs(self.faults, data, self.to_device(inputs), micro, number)
             yield number, micro, inputs, labels.to(self.device)
 
     def batches(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
@@ -168,7 +173,8 @@ class Engine:
 
         A process whose share of a batch is empty still gets that batch (with no
         micro-batches), so collectives after each batch line up across processes.
-        Consume each inner iterator before advancing the outer one.
+        Consume each inner iterator, then call :meth:`sync_faults` (directly, or through
+        :meth:`gather_sorted` / :meth:`all_reduce_gradients`), before advancing the outer one.
         """
         stream = self.iterate(data, global_batches)
         pending = next(stream, None)
@@ -181,6 +187,7 @@ class Engine:
 
         for number in range(len(global_batches)):
             yield number, micro_batches(number)
+            self.faults.raise_local()  # a consumer that skipped sync_faults still never runs on bad data
 
     def to_device(self, inputs: Inputs) -> Inputs:
         return {key: value.to(self.device) if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
@@ -212,7 +219,7 @@ class Engine:
                     with self.autocast():
                         rows = compute(inputs).float()
                     if num_classes is not None:
-                        self.check_labels(labels, num_classes)
+                        self.note_label_faults(labels, num_classes)
                     positions.append(torch.as_tensor(micro, device=self.device))
                     outputs.append(rows)
                     targets.append(labels)
@@ -247,7 +254,11 @@ class Engine:
         raise RuntimeError("a process received no samples of a global batch; use a batch_size of at least the number of processes.")
 
     def gather_sorted(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
-        """(dataset indices, rows, targets) gathered from every process, sorted by dataset index."""
+        """(dataset indices, rows, targets) gathered from every process, sorted by dataset index.
+
+        A synchronisation point: raises the faults any process noted in this batch.
+        """
+        self.sync_faults()
         positions = _distributed.all_gather_variable(positions)
         outputs = _distributed.all_gather_variable(outputs)
         targets = _distributed.all_gather_variable(targets)
@@ -257,7 +268,11 @@ class Engine:
         return positions[order], outputs[order], targets[order]
 
     def all_reduce_gradients(self, parameters: Sequence[torch.Tensor]) -> None:
-        """Sum gradients over processes (each process already divided by the global batch size)."""
+        """Sum gradients over processes (each process already divided by the global batch size).
+
+        A synchronisation point: raises the faults any process noted in this batch first.
+        """
+        self.sync_faults()
         for parameter in parameters:
             if parameter.grad is not None:
                 _distributed.all_reduce_sum_(parameter.grad)
@@ -267,45 +282,25 @@ class Engine:
         for tensor in [*module.parameters(), *module.buffers()]:
             _distributed.broadcast_(tensor.data)
 
+    def sync_faults(self) -> None:
+        """Collective: every process raises the bad data any process noted since the last call."""
+        self.faults.raise_agreed(self.device)
+
+    def note_label_faults(self, labels: torch.Tensor, num_classes: int) -> bool:
+        """Note labels that do not fit a ``num_classes`` model (raised at :meth:`sync_faults`); True when bad."""
+        try:
+            self.check_labels(labels, num_classes)
+        except ValueError as error:
+            self.faults.note(ValueError, str(error))
+            return True
+        return False
+
     @staticmethod
     def check_labels(labels: torch.Tensor, num_classes: int) -> None:
         try:
             check_labels(labels, num_classes)
         except ValueError as error:
             raise ValueError(f"calibration labels do not match the model: {error}") from None
-
-
-def check_finite_inputs(data: PreparedData, inputs: Inputs, positions: Sequence[int], number: int) -> None:
-    """Raise :class:`NonFiniteError` when a floating input tensor of a micro-batch holds NaN or ±inf.
-
-    ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
-    Integer inputs (token ids, masks) are skipped.
-    """
-    for key, value in inputs.items():
-        rows = nonfinite_rows(value) if isinstance(value, torch.Tensor) else []
-        if rows:
-            samples = describe_positions([positions[row] for row in rows])
-            raise NonFiniteError(
-                f"input {key!r} holds NaN or infinite values in sample(s) {samples} of {data.description} "
-                f"(positions in that data; batch {number}). Calibrating or evaluating on them would give wrong "
-                "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
-            )
-
-
-def check_finite_outputs(data: PreparedData, rows: torch.Tensor, positions: torch.Tensor, number: int, what: str) -> None:
-    """Raise :class:`NonFiniteError` when the model's ``what`` (logits, features) hold NaN or ±inf for some samples.
-
-    ``positions`` are the dataset indices of ``rows``, ``number`` their global batch.
-    """
-    bad = nonfinite_rows(rows)
-    if bad:
-        samples = describe_positions(positions.cpu()[bad].tolist())
-        source = "the calibrated model" if what.startswith("calibrated") else "the base model"
-        raise NonFiniteError(
-            f"{source} returned NaN or infinite {what} for sample(s) {samples} of {data.description} "
-            f"(positions in that data; batch {number}), although their inputs are finite. "
-            "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
-        )
 
 
 def steps_per_epoch(count: int, batch_size: int) -> int:

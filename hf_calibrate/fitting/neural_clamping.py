@@ -251,5 +251,6 @@ def _initial_delta(
             with engine.autocast():
                 logits = backbone.logits(inputs, delta)
             (logits.float().sum() * torch.exp(-log_t) / len(fit_indices)).backward()
+        engine.sync_faults()
     grad = delta.grad if delta.grad is not None else torch.zeros_like(delta)
     return _distributed.all_reduce_sum_(grad.detach().clone())
