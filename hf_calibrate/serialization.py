@@ -403,6 +403,8 @@ def _check_consistency(record: Dict[str, Any], version: int, file: Any) -> None:
         ("input_contract.shape", None in (delta, contract.get("shape")) or delta == contract.get("shape"), f"differs from calibrator.delta_shape {delta}"),
         ("input_contract.input_size", _input_size_fits(base["task"], contract.get("input_size")),
          "must be [channels, height, width] for an image model and null for a text model"),
+        ("input_contract.input_size", None in (delta, contract.get("input_size")) or delta == contract.get("input_size"),
+         f"differs from calibrator.delta_shape {delta} (δ is shaped like one calibration input)"),
     ]
     if version >= 2:
         rules += [
@@ -600,20 +602,7 @@ def verify_against_base(
             f"{differing[0]}: {backbone.id2label.get(differing[0])!r} vs {saved_labels.get(differing[0])!r}); "
             "load the calibration with the base it was fitted on."
         )
-    delta = calibrator.input_perturbation
-    space = getattr(calibrator, "delta_space", None)
-    if delta is not None and space is not None and space != backbone.delta_space:
-        raise ArtifactError(
-            f"{root / CALIBRATION_CONFIG}: key 'calibrator.delta_space' is {space!r} but the base model takes δ in "
-            f"{backbone.delta_space!r}; the calibration belongs to another base — load it with the base it was fitted on."
-        )
-    expected_shape = backbone.default_delta_shape()
-    if delta is not None and expected_shape is not None and tuple(delta.shape) != tuple(expected_shape):
-        raise ArtifactError(
-            f"the perturbation δ in {root / record['files']['weights']} has shape {tuple(delta.shape)} but the base "
-            f"model takes {backbone.delta_space} of shape {tuple(expected_shape)}; the calibration belongs to another "
-            "base — load it with the base it was fitted on, or refit it on this one."
-        )
+    _verify_delta(root, record, backbone, calibrator)
     recorded = base.get("fingerprint")
     if recorded:
         actual = weights_fingerprint(backbone.model)
@@ -624,6 +613,31 @@ def verify_against_base(
                 "base. Restore the original base weights (re-download or re-save the calibration), or refit the "
                 "calibration on this base."
             )
+
+
+def _verify_delta(root: Path, record: Dict[str, Any], backbone: Backbone, calibrator: Calibrator) -> None:
+    """δ must live in the base's input space, and have the base's declared input shape unless the record
+    says it was calibrated at another input size (``input_contract.input_size``, which equals δ's shape
+    by the schema): a CNN calibrated at 32×32 keeps its config's 224×224."""
+    delta = calibrator.input_perturbation
+    if delta is None:
+        return
+    space = getattr(calibrator, "delta_space", None)
+    if space is not None and space != backbone.delta_space:
+        raise ArtifactError(
+            f"{root / CALIBRATION_CONFIG}: key 'calibrator.delta_space' is {space!r} but the base model takes δ in "
+            f"{backbone.delta_space!r}; the calibration belongs to another base — load it with the base it was fitted on."
+        )
+    expected_shape = backbone.default_delta_shape()
+    calibrated_size = (record.get("input_contract") or {}).get("input_size")
+    if backbone.modality == "image" and calibrated_size is not None:
+        return  # the weights fingerprint, checked next, ties the calibration to its base
+    if expected_shape is not None and tuple(delta.shape) != tuple(expected_shape):
+        raise ArtifactError(
+            f"the perturbation δ in {root / record['files']['weights']} has shape {tuple(delta.shape)} but the base "
+            f"model takes {backbone.delta_space} of shape {tuple(expected_shape)}; the calibration belongs to another "
+            "base — load it with the base it was fitted on, or refit it on this one."
+        )
 
 
 def _base_source(root: Path, record: Dict[str, Any], base_passed: Optional[bool]) -> str:

@@ -5,7 +5,9 @@
   data's shape, a warning names both sizes — pushed to the local test Hub and reloaded by repo
   id in a fresh process with bit-identical logits; the record and the saved ``config.json``
   carry the calibrated size. At inference another size is a clear error naming the size to
-  use; calibration samples of different sizes are a clear error too.
+  use; calibration samples of different sizes are a clear error too. A fresh base passed as
+  ``base_model=`` takes the calibration; so does a transformers CNN whose config declares
+  another ``image_size``.
 * A transformers image-classification pipeline on a calibrated ViT preprocesses to the
   calibrated size, not to its image processor's default.
 * A text model's ``max_length`` is recorded and re-applied: by ``evaluate`` (an explicit other
@@ -71,7 +73,8 @@ def _one_thread() -> Iterator[None]:
 def _labelled(model: torch.nn.Module, pixels: torch.Tensor, seed: int = 0) -> TensorDataset:
     """``pixels`` with labels drawn from the model's sharpened predictions (informative, mis-calibrated)."""
     with torch.no_grad():
-        logits = model(pixels)
+        output = model(pixels)
+    logits = getattr(output, "logits", output)  # timm: a tensor; transformers: an output object
     generator = torch.Generator().manual_seed(seed)
     return TensorDataset(pixels, torch.multinomial(torch.softmax(4 * logits.double(), 1), 1, generator=generator).squeeze(1))
 
@@ -152,6 +155,39 @@ def test_another_input_size_at_inference_names_the_size_to_use(cnns):
     with pytest.raises(ValueError, match=r"per-sample shape \(1, 16, 16\).*calibrated on inputs of size 1×8×8.*Preprocess inputs to \(1, 8, 8\)"):
         calibrated(torch.zeros(2, 1, 16, 16))
 
+
+
+def test_a_fresh_base_passed_by_the_user_takes_a_calibration_of_another_size(cnns, tmp_path):
+    """``base_model=`` is a new timm model whose pretrained_cfg declares 3×176×176; δ is 1×8×8 (recorded)."""
+    case = cnns["digits-1x8x8"]
+    case["calibrated"].save_pretrained(tmp_path)
+    fresh = timm.create_model("resnet10t", pretrained=False, in_chans=1, num_classes=10).eval()
+    fresh.load_state_dict(case["model"].state_dict())
+    assert tuple(fresh.pretrained_cfg["input_size"]) != case["shape"]
+    reloaded = CalibratedModel.from_pretrained(tmp_path, base_model=fresh)
+    pixels = case["data"].tensors[0][:4]
+    with torch.no_grad():
+        assert torch.equal(reloaded(pixels), case["calibrated"](pixels))
+
+
+def test_transformers_cnn_calibrated_at_another_size_than_its_config_reloads(tmp_path):
+    """A ConvNext whose config says image_size=224, calibrated (and used) at 32×32."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    torch.manual_seed(0)
+    config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3, image_size=224)
+    model = ConvNextForImageClassification(config).eval()
+    data = _labelled(model, torch.randn(N, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
+    with pytest.warns(UserWarning, match="input size 3×32×32, but its config declares 3×224×224"):
+        calibrated = tm.fit(model, data, "neural_clamping", batch_size=24)
+    tm.enlarge_delta(calibrated, scale=0.2)
+    calibrated.save_pretrained(tmp_path)
+    reloaded = CalibratedModel.from_pretrained(tmp_path)
+    assert json.loads((tmp_path / "calibration_config.json").read_text())["input_contract"]["input_size"] == [3, 32, 32]
+    pixels = data.tensors[0][:4]
+    with torch.no_grad():
+        assert torch.equal(reloaded(pixels).logits, calibrated(pixels).logits)
+        assert not torch.allclose(calibrated(pixels).logits, model(pixels).logits)
 
 class _MixedSizes(Dataset):
     """Digits at 8×8 and, every third sample, at 9×9: data a user forgot to resize."""
