@@ -44,6 +44,7 @@ class PreparedData:
     description: str
     name: Optional[str] = None  # dataset name and split, when the data records them
     split: Optional[str] = None
+    preprocessed_here: bool = False  # the library turned raw images or texts into inputs (else: the user did)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -105,7 +106,9 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
             )
         inputs = {key: value for key, value in batch.items() if key not in LABEL_KEYS}
         labels = batch[label_key]
-        if backbone.input_key not in inputs:
+        if backbone.input_key in inputs:  # only the model's inputs go on (not a text or idx column)
+            inputs = {key: value for key, value in inputs.items() if backbone.takes_input(key)}
+        else:
             tensors = [key for key, value in inputs.items() if isinstance(value, torch.Tensor)]
             if len(tensors) != 1:
                 raise ValueError(
@@ -254,6 +257,14 @@ def _pad_value(key: str, pad_token_id: int) -> int:
     return pad_token_id if key == "input_ids" else 0
 
 
+def model_fields(rows: List[Mapping[str, Any]], backbone: Backbone) -> List[Mapping[str, Any]]:
+    """Rows holding the model's main input, cut to its inputs and the label (a ``text`` or ``idx`` field of
+    pre-tokenized rows is not passed on); other rows unchanged (:func:`split_batch` names their one input)."""
+    if backbone.input_key not in rows[0]:
+        return rows
+    return [{key: value for key, value in row.items() if key in LABEL_KEYS or backbone.takes_input(key)} for row in rows]
+
+
 def collate_rows(rows: List[Mapping[str, Any]], pad_token_id: int = 0) -> Dict[str, Any]:
     """Stack dict rows into a batch; 1-D token sequences of different lengths are right-padded.
 
@@ -329,12 +340,15 @@ def _datasets_rows(
     columns = list(data.column_names)
     label_key = _find_column(columns, label_column, LABEL_KEYS, "label")
     data = align_labels(data, label_key, backbone)
+    preprocessed_here = preprocess is None and backbone.input_key not in columns
     if preprocess is not None:
         def to_item(row):
             return {**preprocess(row), "labels": row[label_key]}
     elif backbone.input_key in columns:
+        inputs = [key for key in columns if key != label_key and backbone.takes_input(key)]
+
         def to_item(row):
-            return {key: row[key] for key in columns if key != label_key} | {"labels": row[label_key]}
+            return {key: row[key] for key in inputs} | {"labels": row[label_key]}
     elif backbone.modality == "image":
         column = _find_column(columns, image_column, IMAGE_COLUMNS, "image")
         process_image = _image_preprocessor(backbone, preprocessor)
@@ -361,6 +375,7 @@ def _datasets_rows(
         f"{name or 'datasets.Dataset'}{f' ({split})' if split else ''}, {len(data)} rows",
         name=name,
         split=split,
+        preprocessed_here=preprocessed_here,
     )
 
 
@@ -401,7 +416,7 @@ def prepare_data(
 
         def collate(items: List[Any]) -> Batch:
             if isinstance(items[0], Mapping):
-                return split_batch(collate_rows(items, pad_token_id), backbone)
+                return split_batch(collate_rows(model_fields(items, backbone), pad_token_id), backbone)
             _check_same_input_size(items)
             return split_batch(default_collate(items), backbone)
 

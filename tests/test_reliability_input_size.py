@@ -269,6 +269,39 @@ def test_max_length_is_recorded(text_case):
     assert facts["padding_side"] == text_case["tokenizer"].padding_side
 
 
+
+def test_pretokenized_data_claim_no_max_length(text_case):
+    """Inputs the user tokenized (at 7 tokens here): their truncation is not known, so none is recorded or re-applied."""
+    tokenizer = text_case["tokenizer"]
+    rows = text_case["splits"]["calibration"].map(lambda row: tokenizer(row["text"], truncation=True, max_length=7))
+    calibrated = tm.fit(text_case["base"], rows, "temperature", preprocessor=tokenizer)
+    facts = calibrated.calibration_record()["input_contract"]["preprocessing"]
+    assert "max_length" not in facts and "tokenized by the user" in facts["source"], facts
+    saved_tokenizer = calibrated.preprocessor
+    assert saved_tokenizer.model_max_length == tokenizer.model_max_length
+
+
+class _Rows(Dataset):
+    """Pre-tokenized rows as users keep them: the model's inputs plus ``text`` and ``idx``."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return self.rows[index]
+
+
+def test_only_the_models_inputs_reach_it_from_rows_with_other_fields(text_case):
+    tokenizer = text_case["tokenizer"]
+    rows = text_case["splits"]["calibration"].map(lambda row, i: {**tokenizer(row["text"]), "idx": i}, with_indices=True)
+    assert {"text", "idx", "input_ids", "attention_mask"} <= set(rows.column_names)
+    from_dataset = tm.fit(text_case["base"], rows, "temperature")
+    from_torch = tm.fit(text_case["base"], _Rows([rows[i] for i in range(len(rows))]), "temperature")
+    assert torch.equal(from_dataset.calibrator.log_temperature, from_torch.calibrator.log_temperature)
+
 def test_evaluate_reapplies_max_length_and_warns_about_another(text_case):
     calibrated, test = text_case["calibrated"], text_case["splits"]["test"]
     default = _metrics(calibrated.evaluate(test, progress=False))

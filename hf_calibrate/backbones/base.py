@@ -75,6 +75,10 @@ class Backbone(ABC):
         which may differ from this (a timm CNN used at 32×32 declares 224×224).
         """
 
+    def takes_input(self, name: str) -> bool:
+        """Whether the model's forward takes an input called ``name`` (other data columns are not passed)."""
+        return name == self.input_key
+
     def input_size(self, inputs: Inputs) -> Optional[Tuple[int, ...]]:
         """Per-sample shape of the main input of the batch ``inputs`` (None for text: no fixed size)."""
         return tuple(int(v) for v in inputs[self.input_key].shape[1:])

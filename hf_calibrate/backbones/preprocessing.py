@@ -169,15 +169,30 @@ def sized_image_processor(preprocessor: Any, input_size: Optional[Sequence[int]]
 # ----------------------------------------------------------------------------- the contract
 
 
-def describe_inputs(backbone: Backbone, inputs: Inputs, *, preprocessor: Any = None, max_length: Optional[int] = None) -> Dict[str, Any]:
-    """The input contract (without δ's shape) of calibration data whose first batch is ``inputs``."""
+def describe_inputs(
+    backbone: Backbone, inputs: Inputs, *, preprocessor: Any = None, max_length: Optional[int] = None, preprocessed_here: bool = True
+) -> Dict[str, Any]:
+    """The input contract (without δ's shape) of calibration data whose first batch is ``inputs``.
+
+    ``preprocessed_here``: the library made ``inputs`` from raw images or texts with ``preprocessor``
+    and ``max_length``; otherwise the user did, and only what the inputs show (their size) is known.
+    """
     size = backbone.input_size(inputs)
-    applied, _ = sized_image_processor(preprocessor, size)
-    return {
-        "space": backbone.delta_space,
-        "input_size": list(size) if size is not None else None,
-        "preprocessing": backbone.preprocessing(applied, max_length=max_length, input_size=size),
-    }
+    if preprocessed_here:
+        applied, _ = sized_image_processor(preprocessor, size)
+        facts = backbone.preprocessing(applied, max_length=max_length, input_size=size)
+    else:
+        facts = _given_inputs_facts(backbone, size)
+    return {"space": backbone.delta_space, "input_size": list(size) if size is not None else None, "preprocessing": facts}
+
+
+def _given_inputs_facts(backbone: Backbone, size: Optional[Tuple[int, ...]]) -> Dict[str, Any]:
+    """Preprocessing facts of inputs the user made: measured size; a text's truncation is unknown, an
+    image's normalisation is taken from the model's config (which its processor and pipelines apply)."""
+    if backbone.modality == "text":
+        return {"source": "inputs tokenized by the user (their max_length and truncation are not known)"}
+    facts = backbone.preprocessing(input_size=size)
+    return {**facts, "source": "inputs preprocessed by the user; other facts: the model's config (not verified)"}
 
 
 def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], preprocessor: Any = None) -> None:

@@ -8,6 +8,8 @@ Clamping to text; the model is then run from ``inputs_embeds``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -37,6 +39,15 @@ def transformers_task(model: nn.Module) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _forward_inputs(model_class: type) -> frozenset:
+    parameters = inspect.signature(model_class.forward).parameters
+    return frozenset(name for name in parameters if name not in _NOT_INPUTS and not name.startswith(("output_", "return_")))
+
+
+_NOT_INPUTS = frozenset({"self", "labels", "kwargs", "args", "use_cache"})
+
+
 class _TransformersBackbone(Backbone):
     library = "transformers"
 
@@ -47,6 +58,11 @@ class _TransformersBackbone(Backbone):
     @property
     def id2label(self) -> Dict[int, str]:
         return {int(index): str(name) for index, name in self.model.config.id2label.items()}
+
+    def takes_input(self, name: str) -> bool:
+        """Any tensor argument of the model's ``forward`` (``input_ids``, ``attention_mask``, ...) except the labels
+        and output switches; a pre-tokenized dataset's ``text`` or ``idx`` columns are not."""
+        return name in _forward_inputs(type(self.model))
 
     def _run(self, inputs: Inputs) -> Tuple[torch.Tensor, Any]:
         output = self.model(**inputs)

@@ -45,7 +45,8 @@ def input_contract(backbone: Backbone, data: PreparedData, engine: Engine) -> Di
     See :mod:`hf_calibrate.backbones.preprocessing` for its keys.
     """
     options = engine.options
-    contract = describe_inputs(backbone, _first_inputs(data), preprocessor=options.preprocessor, max_length=options.max_length)
+    contract = describe_inputs(backbone, _first_inputs(data), preprocessor=options.preprocessor, max_length=options.max_length,
+                               preprocessed_here=data.preprocessed_here)
     warn_if_not_declared(backbone, contract, options.preprocessor)
     return contract
 
