@@ -138,35 +138,38 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
 
 def model_label_names(backbone: Backbone) -> Optional[List[str]]:
     """The model's class names in index order, or None when it only has generic ``LABEL_i`` names."""
-    num_classes = backbone.num_classes
-    id2label = backbone.id2label or {}
-    if num_classes is None or not id2label:
-        return None
-    names = [str(id2label.get(index, "")) for index in range(num_classes)]
-    if any(not name or name == f"LABEL_{index}" for index, name in enumerate(names)):
+    names = _recorded_label_names(backbone)
+    if names is None or any(name == f"LABEL_{index}" for index, name in enumerate(names)):
         return None
     return names
+
+
+def _recorded_label_names(backbone: Backbone) -> Optional[List[str]]:
+    """The names the model's ``id2label`` gives its classes (generic ``LABEL_i`` included), None when incomplete."""
+    num_classes = backbone.num_classes
+    id2label = backbone.id2label or {}
+    names = [str(id2label.get(index, "")) for index in range(num_classes or 0)]
+    return names if names and all(names) else None
 
 
 def label_indices(names: Sequence[Any], backbone: Backbone) -> List[int]:
     """The model's class index of each class name in ``names``, matched exactly with its ``id2label``.
 
     Raises ValueError listing the model's labels when a name is not one of them, or when the
-    model has no class names to match against.
+    model has only generic ``LABEL_i`` names and the labels are other names.
     """
-    model_names = model_label_names(backbone)
-    if model_names is None:
-        example = next(iter(names), None)
+    recorded = _recorded_label_names(backbone) or []
+    index = {name: position for position, name in enumerate(recorded)}
+    unknown = sorted({str(name) for name in names if name not in index})
+    if unknown and model_label_names(backbone) is None:
         raise ValueError(
-            f"the labels are class names (e.g. {example!r}) but the model records no class names (only generic "
-            "LABEL_i names), so they cannot be matched. Pass class indices, or give the model its labels "
+            f"the labels are class names (e.g. {unknown[0]!r}) but the model records no class names (none, or only generic "
+            "LABEL_i ones), so they cannot be matched. Pass class indices, or give the model its labels "
             "(transformers: config.id2label and label2id; timm: pretrained_cfg['label_names'])."
         )
-    index = {name: position for position, name in enumerate(model_names)}
-    unknown = sorted({str(name) for name in names if name not in index})
     if unknown:
         raise ValueError(
-            f"the dataset's labels {unknown} are not labels of the model, whose labels are {model_names}; "
+            f"the dataset's labels {unknown} are not labels of the model, whose labels are {recorded}; "
             "rename them to the model's labels, or pass class indices."
         )
     return [index[name] for name in names]

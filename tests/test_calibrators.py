@@ -243,17 +243,19 @@ def test_unknown_methods_and_options_are_named():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"epochs": 0}, "epochs must be a positive integer"),
-        ({"lr": -1.0}, "lr must be positive"),
-        ({"gamma": []}, "gamma must be a non-negative number"),
-        ({"delta_weight": -0.1}, "delta_weight must be"),
-        ({"delta_init": "ones"}, "delta_init must be one of"),
-        ({"holdout_fraction": 1.0}, "holdout_fraction must be in"),
-        ({"select_metric": "accuracy"}, "select_metric must be one of"),
+        ({"epochs": 0}, "option epochs must be a positive integer"),
+        ({"lr": -1.0}, "option lr must be a positive number"),
+        ({"gamma": []}, "option gamma must be a non-negative number"),
+        ({"gamma": [1.0, float("nan")]}, "option gamma must be a finite number"),
+        ({"delta_weight": -0.1}, "option delta_weight must be"),
+        ({"delta_init": "ones"}, "option delta_init must be one of"),
+        ({"holdout_fraction": 1.0}, "option holdout_fraction must be in"),
+        ({"select_metric": "accuracy"}, "option select_metric must be one of"),
         ({"augment": "yes"}, "augment must be True or False or a callable"),
     ],
 )
 def test_neural_clamping_options_are_validated(options, message):
+    """Each names the option, what was given and what is allowed (``InvalidOptionError``, a ValueError)."""
     with pytest.raises(ValueError, match=message):
         NeuralClamping.Options(**options)
 

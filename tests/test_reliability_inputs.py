@@ -372,3 +372,23 @@ def test_classlabel_names_matched_ignoring_case_else_refused_naming_the_cast(cnn
     with pytest.raises(ValueError) as error:
         align_labels(other, "label", backbone)
     assert_names(error, "'other0'", "cast_column('label', datasets.Value('int64'))", "align_labels_with_mapping")
+
+
+def test_models_with_generic_label_names(clean):
+    """A model that only has transformers' default ``LABEL_i`` names: those exact names match; other
+    names cannot, and say so; a dataset's ClassLabel indices are taken as they are (nothing to match)."""
+    import datasets
+
+    from hf_calibrate.backbones import adapt
+    from hf_calibrate.data import align_labels
+
+    generic = tiny_timm(0, label_names=[f"LABEL_{i}" for i in range(len(LABELS))])
+    expected = fit(generic, clean, "temperature").calibrator.temperature
+    named = fit(generic, _named(clean, "tuples", [f"LABEL_{i}" for i in range(len(LABELS))]), "temperature")
+    assert torch.equal(named.calibrator.temperature, expected)
+    with pytest.raises(ValueError) as error:
+        fit(generic, _named(clean, "tuples"), "temperature")
+    assert_names(error, "only generic", "LABEL_i", "Pass class indices")
+    labels = [i % len(LABELS) for i in range(8)]
+    rows = datasets.Dataset.from_dict({"label": labels}, features=datasets.Features({"label": datasets.ClassLabel(names=list(LABELS))}))
+    assert align_labels(rows, "label", adapt(generic))["label"] == labels

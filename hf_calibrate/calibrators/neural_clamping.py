@@ -17,6 +17,7 @@ of every non-padding token, at every position.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -43,8 +44,8 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reducti
 
 def _as_grid(value: Union[float, Sequence[float]], name: str) -> Tuple[float, ...]:
     values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in values):
-        raise ValueError(f"{name} must be a non-negative number or a non-empty list of them, got {value!r}.")
+    valid = bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in values)
+    require(valid, name, value, "a non-negative number or a non-empty list of them")
     return tuple(float(v) for v in values)
 
 
@@ -99,20 +100,13 @@ class NeuralClamping(Calibrator):
             check_fields(self)
             self.gamma = _as_grid(self.gamma, "gamma")
             self.delta_weight = _as_grid(self.delta_weight, "delta_weight")
-            if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
-                raise ValueError(f"epochs must be a positive integer or None, got {self.epochs!r}.")
-            if not self.lr > 0:
-                raise ValueError(f"lr must be positive, got {self.lr!r}.")
-            if not 0 <= self.momentum < 1:
-                raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}.")
-            if self.delta_init not in DELTA_INITS:
-                raise ValueError(f"delta_init must be one of {DELTA_INITS}, got {self.delta_init!r}.")
-            if not 0 <= self.holdout_fraction < 1:
-                raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction!r}.")
-            if self.select_metric not in SELECT_METRICS:
-                raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got {self.select_metric!r}.")
-            if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
-                raise ValueError(f"eval_every must be a positive integer or None, got {self.eval_every!r}.")
+            require(self.epochs is None or self.epochs >= 1, "epochs", self.epochs, "a positive integer or None")
+            require(self.lr > 0, "lr", self.lr, "a positive number")
+            require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
+            require(self.delta_init in DELTA_INITS, "delta_init", self.delta_init, f"one of {list(DELTA_INITS)}")
+            require(0 <= self.holdout_fraction < 1, "holdout_fraction", self.holdout_fraction, "in [0, 1)")
+            require(self.select_metric in SELECT_METRICS, "select_metric", self.select_metric, f"one of {list(SELECT_METRICS)}")
+            require(self.eval_every is None or self.eval_every >= 1, "eval_every", self.eval_every, "a positive integer or None")
             require(self.n_bins >= 1, "n_bins", self.n_bins, "a positive integer")
             require(self.delta_init_scale >= 0, "delta_init_scale", self.delta_init_scale, "a non-negative number")
 
