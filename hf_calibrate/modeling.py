@@ -339,7 +339,7 @@ class CalibratedModel(PreTrainedModel):
     def calibration_record(
         self, *, base_weights: str = "included", base_model_id: Optional[str] = None, base_revision: Optional[str] = None
     ) -> Dict[str, Any]:
-        """The ``calibration_config.json`` contents for this model (schema: ``serialization.RECORD_SCHEMA``, docs/artifact.md)."""
+        """The ``calibration_config.json`` contents for this model (schema: ``serialization.schema.RECORD_SCHEMA``, docs/artifact.md)."""
         reference = serialization.hub_reference(self.base_model, self.backbone.library)
         delta = self.calibrator.input_perturbation
         delta_shape = list(delta.shape) if delta is not None else None

@@ -15,7 +15,7 @@ import _tiny_models as tm
 import hf_calibrate.cards as cards
 import hf_calibrate.serialization as serialization
 from hf_calibrate import CalibratedModel
-from hf_calibrate.serialization import CARD_MARKER
+from hf_calibrate.serialization import CARD_MARKER, saving
 
 USER_CARD = "---\nlicense: mit\n---\n# My model\n\nMy own words.\n"
 
@@ -62,14 +62,14 @@ def _leftovers(parent: Path, name: str) -> List[str]:
 
 
 def _fail_after_calibrator(monkeypatch) -> None:
-    real = serialization.save_calibrator
+    real = saving.save_calibrator  # _write_files looks it up in saving, so patch it there
 
     def save_then_fail(calibrator: Any, path: Path) -> None:
         real(calibrator, path)
         assert path.is_file()  # the first file of the new artifact really was written
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(serialization, "save_calibrator", save_then_fail)
+    monkeypatch.setattr(saving, "save_calibrator", save_then_fail)
 
 
 def _fail_in_card(monkeypatch) -> None:

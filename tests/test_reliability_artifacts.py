@@ -16,7 +16,7 @@ The groups, each a list so it can be counted:
 * :data:`OPTION_CASES` — ``from_pretrained``'s ``dtype`` / ``torch_dtype`` / ``device_map`` and
   the carried-over ``label2id``.
 * kills — a subprocess saving a ViT artifact over a BERT artifact with a user's files is killed
-  (``os._exit``) at every step of the save (``serialization.SAVE_STEP_HOOK``; the step list is
+  (``os._exit``) at every step of the save (``serialization.saving.SAVE_STEP_HOOK``; the step list is
   measured by a dry run, :data:`STEP_KILLS`) and at every ``os.replace`` it makes
   (:data:`REPLACE_KILLS`, which needs no hook and so also runs against older code). Afterwards
   the folder must load as the complete old or new artifact, with every user file intact.
@@ -611,7 +611,7 @@ KILL_HELPER = r"""
 import json, os, sys
 import torch
 torch.set_num_threads(1)
-import hf_calibrate.serialization as serialization
+from hf_calibrate.serialization import saving  # _step reads saving.SAVE_STEP_HOOK
 from hf_calibrate import CalibratedModel
 
 new_folder, jobs = sys.argv[1], json.loads(sys.argv[2])
@@ -630,7 +630,7 @@ for target, mode, number in jobs:
             if mode == "replace" and len(calls) == number:
                 os._exit(KILLED)
             replace(source, destination)
-        serialization.SAVE_STEP_HOOK = hook
+        saving.SAVE_STEP_HOOK = hook
         os.replace = killing_replace
         model.save_pretrained(target)
         with open(os.path.join(os.path.dirname(target), "steps.json"), "w") as handle:
