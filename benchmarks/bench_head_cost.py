@@ -1,4 +1,4 @@
-"""Cost of the head-retraining methods (TST, V-TST, MaC-Cal) against one backbone pass (DESIGN §3, §6).
+"""Cost of the head-retraining methods (TST, V-TST, MaC-Cal) against one backbone pass (docs/design.md §3.3, §6).
 
 Head methods run the frozen backbone once per split to cache the penultimate features, then
 train a small head for many epochs on the cached rows. This benchmark times, on a timm
@@ -12,7 +12,7 @@ interleaved rounds:
 
 and reports each method's per-epoch head cost (median of ``fit_summary["history"][i]["seconds"]``:
 the training steps over the cached features) as a share of one backbone forward pass over the
-same training rows. Target (issue): under 5 %.
+same training rows. Target (docs/design.md §6): under 5 %.
 
 Usage::
 

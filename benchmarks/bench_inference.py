@@ -1,4 +1,4 @@
-"""Inference time of ``CalibratedModel`` against its base model on the same inputs (DESIGN §6).
+"""Inference time of ``CalibratedModel`` against its base model on the same inputs (docs/design.md §6).
 
 For a timm ``resnet18`` and a transformers ``ViTForImageClassification`` (random weights,
 built from configs), one fixed batch of 32 images goes through, under ``torch.no_grad()``:

@@ -1,4 +1,4 @@
-"""Fit time of every logit-space calibrator on 50,000 × 1,000 cached logits (DESIGN §6).
+"""Fit time of every logit-space calibrator on 50,000 × 1,000 cached logits (docs/design.md §6).
 
 The logits are ``3·randn(N, C)`` (float32, seed 0) and the labels are drawn from
 ``softmax(logits / 2)``: the "model" is over-confident by exactly T = 2, so temperature

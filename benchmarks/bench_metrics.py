@@ -1,4 +1,4 @@
-"""Speed and memory of hf_calibrate.metrics against torchmetrics and netcal (DESIGN §6).
+"""Speed and memory of hf_calibrate.metrics against torchmetrics and netcal (docs/design.md §6).
 
 Times the top-label ECE (15 equal-width bins) on float32 probabilities (softmax of random
 logits, fixed seed) for N=1,000,000 × C=100 and N=100,000 × C=1000, and measures the state
@@ -274,7 +274,7 @@ def report(
         "as RSS deltas: at these sizes RSS changes are hidden by the allocator's pooled pages (a trial "
         "showed 0 B growth for every row), while the tensor bytes are exact.",
         "- Equal-width metrics keep O(C·B) state whatever N (constant rows above); AdaECE needs the "
-        "per-sample pairs (DESIGN §2), as does every torchmetrics calibration metric.",
+        "per-sample pairs (docs/design.md §2), as does every torchmetrics calibration metric.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""Cost of one Neural Clamping epoch, as ratios to its floor, in one process (DESIGN §6).
+"""Cost of one Neural Clamping epoch, as ratios to its floor, in one process (docs/design.md §6).
 
 Three contenders run on the same model and the same preloaded data, in interleaved rounds:
 
@@ -11,7 +11,7 @@ Three contenders run on the same model and the same preloaded data, in interleav
   ``fit_summary["history"][i]["seconds"]`` (the epoch loop only: data loading and collation,
   forward, backward, the collective no-ops, the optimizer step; not the one-off base-logit
   pass and TS fit before the first epoch).
-* **reference style** — the loop of the authors' NCToolkit as DESIGN §3 describes it: the model
+* **reference style** — the loop of the authors' NCToolkit as docs/design.md §3.2 describes it: the model
   in eval mode but its parameters left with ``requires_grad=True`` (so every backward also
   computes parameter gradients, which accumulate and are never used), ``SGD([δ, T], lr=0.01,
   momentum=0.9)``, ``zero_grad`` each step, loss = focal(γ=1)(f(x + δ)/T) + 0.01·‖δ‖₂. It gets
@@ -53,7 +53,7 @@ from hf_calibrate.data import prepare_data  # noqa: E402
 from hf_calibrate.fitting import Engine, EngineOptions  # noqa: E402
 
 NAME = "nc_cost"
-TARGET = 1.15  # ours / floor, from the issue
+TARGET = 1.15  # ours / floor (docs/design.md §6)
 CONTENDERS = ("floor", "ours", "reference style", "ours: batching + collation alone")
 
 

@@ -1,4 +1,4 @@
-"""Calibration quality of every method on the zoo's real models, clean and under shift (DESIGN §6).
+"""Calibration quality of every method on the zoo's real models, clean and under shift (docs/design.md §6).
 
 For each zoo model (``hf_calibrate.demo``: timm CNN and transformers ViT trained on sklearn
 digits, the pretrained MiniLM with a head trained on BBC News; each base trained once on its

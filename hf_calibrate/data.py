@@ -1,6 +1,6 @@
 """Calibration data: whatever the user holds → indexable items + a collate into batches.
 
-Accepted forms (DESIGN §3 / issue 3):
+Accepted forms (docs/design.md §3.0):
 * a ``DataLoader`` over a map-style dataset, yielding ``(inputs, labels)`` tuples or dicts in
   the transformers convention (``labels`` + input keys) — its ``dataset`` and ``collate_fn``
   are reused with our own index sampling (so data can be split, shuffled and sharded);

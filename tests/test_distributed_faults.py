@@ -1,4 +1,4 @@
-"""Bad data held by one process stops every process with the same clear error (issue 9).
+"""Bad data held by one process stops every process with the same clear error.
 
 Under ``torchrun`` each process reads only its strided share of a batch: with 16 samples in
 one batch, rank 1 holds the odd positions. Before the fault ledger, a NaN in sample 3 raised

@@ -1,9 +1,9 @@
-"""Parity of hf_calibrate.metrics with DESIGN §2, loop references, torchmetrics, netcal and sklearn.
+"""Parity of hf_calibrate.metrics with docs/design.md §2, loop references, torchmetrics, netcal and sklearn.
 
 Where a peer's definition matches ours the values agree to 1e-6 (peers accumulate in
 float32) or to 1e-12 (float64 references). Where a peer's convention differs, a constructed
-case asserts the specific difference and the hand-computed DESIGN value, so a change on
-either side shows up here instead of hiding behind a loose tolerance.
+case asserts the specific difference and the value computed by hand from docs/design.md §2, so
+a change on either side shows up here instead of hiding behind a loose tolerance.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def netcal_value(probs: np.ndarray, labels: np.ndarray, n_bins: int, metric=Netc
         return float(metric(bins=n_bins).measure(probs, labels))
 
 
-# ----------------------------------------------------------------------------- loop references of DESIGN §2
+# ----------------------------------------------------------------------------- loop references of docs/design.md §2
 
 
 def ref_top_label(probs: np.ndarray, labels: np.ndarray) -> Tuple[List[float], List[int]]:
@@ -135,10 +135,10 @@ def ref_ece(probs: np.ndarray, labels: np.ndarray, n_bins: int, norm: str = "l1"
 
 
 def ref_ada_ece(probs: np.ndarray, labels: np.ndarray, n_bins: int) -> float:
-    """Equal-mass bins of DESIGN §2.
+    """Equal-mass bins of docs/design.md §2.
 
-    Refinement over DESIGN (which only asks for a stable sort): ties in confidence are broken
-    by correctness, wrong first, so the value does not depend on the order of the samples.
+    Ties in confidence are broken by correctness, wrong first (a refinement over a plain stable
+    sort), so the value does not depend on the order of the samples.
     The first N mod B bins hold ⌈N/B⌉ samples, the others ⌊N/B⌋ (trailing bins stay empty
     when N < B).
     """
@@ -492,7 +492,7 @@ def test_nll_matches_cross_entropy(c: int) -> None:
 
 
 def test_nll_difference_clamp_vs_cross_entropy() -> None:
-    """Ours clamps p at 1e-12 (DESIGN §2); cross_entropy uses log-softmax and is unbounded."""
+    """Ours clamps p at 1e-12 (docs/design.md §2); cross_entropy uses log-softmax and is unbounded."""
     logits = torch.tensor([[0.0, 40.0]], dtype=torch.float64)
     labels = torch.tensor([0])
     assert float(torch.nn.functional.cross_entropy(logits, labels)) == pytest.approx(40.0, rel=1e-12)

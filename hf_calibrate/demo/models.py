@@ -1,4 +1,4 @@
-"""A small zoo of real models trained here on real data, cached on disk (DESIGN §5).
+"""A small zoo of real models trained here on real data, cached on disk (docs/design.md §5).
 
 Each builder trains its model on the ``"train"`` split (or a stratified subset of it, see
 ``train_examples``) the first time it is called, on the CPU and deterministically (fixed

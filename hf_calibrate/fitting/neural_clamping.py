@@ -4,7 +4,7 @@ Per epoch the cost is one forward pass and one backward pass to the input over t
 part — the base model is frozen with ``requires_grad_(False)``, so autograd never builds
 parameter gradients (the reference code computes and discards them).
 
-Procedure (DESIGN §3):
+Procedure (docs/design.md §3.2):
 1. split the calibration data into a fitting part and a held-out part (``holdout_fraction``);
 2. one forward pass caches the base logits of both; T starts at the TS optimum of the
    fitting part, and TS's held-out score is the baseline;

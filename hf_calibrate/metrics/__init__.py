@@ -1,4 +1,4 @@
-"""Calibration metrics (DESIGN §2): exact, streaming and distributed.
+"""Calibration metrics (docs/design.md §2): exact, streaming and distributed.
 
 Functional core in :mod:`.functional`, the accumulator in :mod:`.streaming`.
 """

@@ -6,7 +6,7 @@ accumulator in :mod:`hf_calibrate.metrics.streaming` sums the same statistics ac
 batches and processes and applies the same formulas, so one-shot and streaming results
 agree to rounding.
 
-Notation (DESIGN §2): probabilities ``p`` (N×C), labels ``y`` (N,), confidence
+Notation (docs/design.md §2): probabilities ``p`` (N×C), labels ``y`` (N,), confidence
 ``c_i = max_k p_ik``, prediction ``ŷ_i = argmax_k p_ik`` (ties → lowest index), correctness
 ``a_i = [ŷ_i = y_i]``.
 """
