@@ -112,6 +112,17 @@ def check_fit_logits(logits: Any, labels: Any, num_classes: int) -> None:
     check_labels(labels, num_classes, logits.shape[0])
 
 
+#: values per chunk of a one-pass reduction over logits: 1 MiB of float32 on a CPU, so that a
+#: chunk's few elementwise steps run from cache and the pass reads the logits from memory about once
+CHUNK_VALUES = {"cpu": 1 << 18, "other": 1 << 26}
+
+
+def chunk_rows(logits: torch.Tensor) -> int:
+    """Rows per chunk of a one-pass reduction over ``logits`` (N, C): :data:`CHUNK_VALUES` values."""
+    key = "cpu" if logits.device.type == "cpu" else "other"
+    return max(1, CHUNK_VALUES[key] // max(1, logits.shape[1]))
+
+
 def check_finite_logits(logits: torch.Tensor, what: str = "logits") -> None:
     """Raise :class:`NonFiniteError` naming the rows of ``logits`` that hold NaN or ±inf."""
     rows = nonfinite_rows(logits)

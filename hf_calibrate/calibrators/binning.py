@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..metrics.functional import equal_width_bin_index
-from .base import Calibrator, check_fields, require
+from .base import Calibrator, check_fields, chunk_rows, require
 
 MODES = ("top_label", "one_vs_rest")
 _LOG_FLOOR = 1e-12
@@ -134,16 +134,38 @@ class HistogramBinning(Calibrator):
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        probs = torch.softmax(logits.double(), dim=1)
-        scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
-        index = equal_width_bin_index(scores, self.n_bins)
-        counts = torch.zeros(scores.shape[0], self.n_bins, dtype=torch.float64, device=probs.device)
-        hits = torch.zeros_like(counts)
-        counts.scatter_add_(1, index, torch.ones_like(targets))
-        hits.scatter_add_(1, index, targets)
+        if self.mode == "one_vs_rest":
+            counts, hits = _one_vs_rest_counts(logits, labels, self.n_bins)
+        else:
+            probs = torch.softmax(logits.double(), dim=1)
+            scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
+            index = equal_width_bin_index(scores, self.n_bins)
+            counts = torch.zeros(1, self.n_bins, dtype=torch.float64, device=probs.device)
+            hits = torch.zeros_like(counts)
+            counts.scatter_add_(1, index, torch.ones_like(targets))
+            hits.scatter_add_(1, index, targets)
         with torch.no_grad():
             self.bin_values.copy_(torch.where(counts > 0, hits / counts.clamp_min(1), self.bin_values))
         return {"empty_bins": int((counts == 0).sum())}
+
+
+def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(C, B) float64 counts of p_k per bin, and of p_k for samples of class k, chunk by cache-sized chunk.
+
+    Each sample adds one count per class and one hit (for its own class): no (N, C) one-hot,
+    transpose or full float64 copy of the probabilities is made.
+    """
+    classes = logits.shape[1]
+    offsets = torch.arange(classes, device=logits.device) * n_bins
+    counts = torch.zeros(classes * n_bins, dtype=torch.float64, device=logits.device)
+    hits = torch.zeros_like(counts)
+    rows = chunk_rows(logits)
+    for start in range(0, logits.shape[0], rows):
+        y = labels[start : start + rows]
+        index = equal_width_bin_index(torch.softmax(logits[start : start + rows].double(), dim=1), n_bins)
+        counts += torch.bincount((index + offsets).flatten(), minlength=classes * n_bins)
+        hits += torch.bincount(offsets[y] + index.gather(1, y[:, None]).squeeze(1), minlength=classes * n_bins)
+    return counts.view(classes, n_bins), hits.view(classes, n_bins)
 
 
 def _isotonic_knots(scores: np.ndarray, targets: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
