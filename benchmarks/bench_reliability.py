@@ -7,9 +7,9 @@ must be 0.
 * Artifacts (corrupt records and tensors, saves over a user's files, load options, a save killed
   at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/test_reliability_artifacts.py``
   run as a script classifies every case itself (``reliability_counts``).
-* Data, options, labels, input sizes: the parametrised cases of ``tests/test_reliability_inputs.py``
-  and ``tests/test_reliability_input_size.py``. Each test function states one expected outcome
-  (below); a case that passes ended that way, a case that fails did not (counted as *unclear
+* Data, options, labels, input sizes: the parametrised cases of ``tests/test_reliability_inputs.py``,
+  ``tests/test_reliability_input_size.py`` and ``tests/test_distributed_faults.py`` (2 processes).
+  Each test function states one expected outcome (below); a case that passes ended that way, a case that fails did not (counted as *unclear
   error*: the test's message says whether the result was silent or the error unclear).
 
 Usage::
@@ -49,13 +49,15 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_unknown_class_names_list_the_models_labels": ("labels as class names", REFUSED),
     "test_class_names_as_labels_are_matched_to_the_model": ("labels as class names", HANDLED),
     "test_classlabel_names_matched_ignoring_case_else_refused_naming_the_cast": ("labels as class names", HANDLED),
+    "test_models_with_generic_label_names": ("labels as class names", HANDLED),
+    "test_every_process_raises_the_same_error_for_data_only_one_holds": ("bad input: held by one of 2 processes", REFUSED),
     "test_mac_cal_keeps_the_head_it_validated": ("MaC-Cal keeps the validated head", HANDLED),
     "test_another_input_size_at_inference_names_the_size_to_use": ("input size and preprocessing", REFUSED),
     "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),
     "test_samples_of_different_sizes_in_one_batch_name_both_sizes": ("input size and preprocessing", REFUSED),
     "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
 }
-INPUT_TEST_FILES = ("test_reliability_inputs.py", "test_reliability_input_size.py")
+INPUT_TEST_FILES = ("test_reliability_inputs.py", "test_reliability_input_size.py", "test_distributed_faults.py")
 DEFAULT_INPUT_GROUP = ("input size and preprocessing", HANDLED)
 
 
@@ -98,7 +100,8 @@ def markdown(counts: Dict[str, Dict[str, int]], session: _report.Session) -> str
         "*silent bad result*, *files lost* and *unclear error* must be 0. The groups load, save, load options, "
         "kill (a save over a user's files killed at every step) and fuzz (mutations of a valid artifact's record "
         "and tensors) come from `tests/test_reliability_artifacts.py`, which classifies each case itself; the "
-        "others are the cases of `tests/test_reliability_inputs.py` and `tests/test_reliability_input_size.py`, "
+        "others are the cases of `tests/test_reliability_inputs.py`, `tests/test_reliability_input_size.py` and "
+        "`tests/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
         "each test stating its expected outcome.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""Reliability of saved artifacts (issue 9): no silent wrong confidence, no lost files.
+"""Reliability of saved artifacts: no silent wrong confidence, no lost files.
 
 Every case ends in one of :data:`OUTCOMES`: *refused clearly* (an ``ArtifactError`` naming the
 file, the key and the fix; for saves, a ``FileExistsError`` naming the file), *handled correctly*,
