@@ -1,4 +1,5 @@
-"""Every third-party module the package imports is a declared dependency.
+"""Every third-party module the package imports is a declared dependency, declared as a range that
+the exact tested set (``constraints.txt``) satisfies.
 
 ``install_requires`` must cover what the core imports (a fresh ``pip install .`` once failed at
 ``fit(method="isotonic")`` because scipy was not declared); modules imported only by optional
@@ -48,3 +49,34 @@ def test_every_imported_module_is_declared():
         if not names & declared:
             missing.append(f"{module} (distribution {sorted(names)}; expected in {'extra ' + extra if extra else 'install_requires'})")
     assert not missing, "imported but not declared: " + "; ".join(missing)
+
+
+def _requirements(section: tuple) -> list:
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    return [Requirement(line.strip()) for line in config[section[0]][section[1]].strip().splitlines() if line.strip()]
+
+
+def test_ranges_are_declared_and_the_tested_set_satisfies_them():
+    """No exact pin in install_requires or the extras (users' environments must resolve); every pinned
+    version in constraints.txt lies inside the declared range."""
+    from packaging.utils import canonicalize_name
+
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[canonicalize_name(name)] = version.strip()
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    sections = [("options", "install_requires"), *(("options.extras_require", extra) for extra in config["options.extras_require"])]
+    for section in sections:
+        for requirement in _requirements(section):
+            assert not any(spec.operator == "==" for spec in requirement.specifier), f"{requirement} in {section}: declare a range"
+            version = pinned.get(canonicalize_name(requirement.name))
+            if version is not None:
+                assert requirement.specifier.contains(version, prereleases=True), f"constraints.txt has {requirement.name}=={version}, outside {requirement}"
+    for core in _requirements(("options", "install_requires")):
+        assert canonicalize_name(core.name) in pinned, f"{core.name} is not pinned in constraints.txt"
