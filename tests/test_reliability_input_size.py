@@ -170,6 +170,23 @@ def test_a_fresh_base_passed_by_the_user_takes_a_calibration_of_another_size(cnn
         assert torch.equal(reloaded(pixels), case["calibrated"](pixels))
 
 
+
+def test_a_record_without_fingerprint_keeps_the_size_check(cnns, tmp_path):
+    """Only a recorded base fingerprint lets δ differ from the base's declared size: without one, nothing
+    else would tie the calibration to its base."""
+    from hf_calibrate import serialization
+
+    case = cnns["digits-1x8x8"]
+    case["calibrated"].save_pretrained(tmp_path)
+    path = tmp_path / "calibration_config.json"
+    record = json.loads(path.read_text())
+    del record["base_model"]["fingerprint"]
+    path.write_text(json.dumps(serialization.seal_record(record)))
+    fresh = timm.create_model("resnet10t", pretrained=False, in_chans=1, num_classes=10).eval()
+    fresh.load_state_dict(case["model"].state_dict())
+    with pytest.raises(serialization.ArtifactError, match=r"shape \(1, 8, 8\).*another base"):
+        CalibratedModel.from_pretrained(tmp_path, base_model=fresh)
+
 def test_transformers_cnn_calibrated_at_another_size_than_its_config_reloads(tmp_path):
     """A ConvNext whose config says image_size=224, calibrated (and used) at 32×32."""
     from transformers import ConvNextConfig, ConvNextForImageClassification
@@ -301,6 +318,39 @@ def test_only_the_models_inputs_reach_it_from_rows_with_other_fields(text_case):
     from_dataset = tm.fit(text_case["base"], rows, "temperature")
     from_torch = tm.fit(text_case["base"], _Rows([rows[i] for i in range(len(rows))]), "temperature")
     assert torch.equal(from_dataset.calibrator.log_temperature, from_torch.calibrator.log_temperature)
+
+
+def _segment_bert(forward_style: str) -> torch.nn.Module:
+    """A tiny BERT with two segment types whose ``forward`` is the library's, or a user's passing ``**kwargs`` on."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    class PairBertForSequenceClassification(BertForSequenceClassification):
+        def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+
+    class WrappedBertForSequenceClassification(BertForSequenceClassification):
+        def forward(self, **kwargs):
+            return super().forward(**kwargs)
+
+    cls = {"library": BertForSequenceClassification, "passes_kwargs": PairBertForSequenceClassification,
+           "only_kwargs": WrappedBertForSequenceClassification}[forward_style]
+    config = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        num_labels=2, type_vocab_size=2)
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+@pytest.mark.parametrize("forward_style", ["library", "passes_kwargs", "only_kwargs"])
+def test_inputs_a_forward_takes_through_kwargs_still_reach_it(forward_style):
+    """Sentence pairs (token_type_ids) on a user's subclass whose forward passes ``**kwargs`` to the base model."""
+    from hf_calibrate.backbones import adapt
+    from hf_calibrate.data import prepare_data
+
+    model = _segment_bert(forward_style)
+    rows = [{"input_ids": torch.tensor([1, 5, 6, 2, 7, 8, 2]), "attention_mask": torch.ones(7, dtype=torch.long),
+             "token_type_ids": torch.tensor([0, 0, 0, 0, 1, 1, 1]), "text": "a b", "idx": i, "labels": i % 2} for i in range(4)]
+    inputs, _ = next(iter(prepare_data(_Rows(rows), adapt(model)).loader([[0, 1, 2, 3]])))
+    assert sorted(inputs) == ["attention_mask", "input_ids", "token_type_ids"]
 
 def test_evaluate_reapplies_max_length_and_warns_about_another(text_case):
     calibrated, test = text_case["calibrated"], text_case["splits"]["test"]

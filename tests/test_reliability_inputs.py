@@ -113,6 +113,24 @@ def test_model_emitting_nonfinite_logits_is_refused(method):
     assert re.search(r"sample\(s\) (5|90)\b", message) and "inputs are finite" in message, message
 
 
+
+@pytest.mark.parametrize("call", ["fit", "evaluate"])
+def test_every_bad_sample_of_a_batch_is_named_across_micro_batches(call):
+    """Samples 16 and 30 lie in batch 1 (16 samples), in different micro-batches of 4: both are named,
+    once, with batch 1 — not only the first micro-batch's, read ahead while batch 0 ended."""
+    from _tiny_models import plain_data, plain_module
+
+    module = plain_module()
+    x, y = (tensor.clone() for tensor in plain_data(module).tensors)
+    x[[16, 30], 0] = math.nan
+    options = dict(batch_size=16, micro_batch_size=4, progress=False)
+    with pytest.raises(ValueError) as error:
+        if call == "fit":
+            CalibratedModel.fit(module, TensorDataset(x, y), method="temperature", **options)
+        else:
+            fit(module, plain_data(module), "temperature").evaluate(TensorDataset(x, y), **options)
+    assert_names(error, "sample(s) 16, 30 ", "batch 1)")
+
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_calibrators_refuse_nonfinite_logits_given_directly(method, value):

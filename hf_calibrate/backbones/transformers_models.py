@@ -40,12 +40,18 @@ def transformers_task(model: nn.Module) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_inputs(model_class: type) -> frozenset:
+def _forward_inputs(model_class: type) -> Tuple[frozenset, bool]:
+    """(the named arguments of ``model_class.forward`` that can carry data, whether it also takes ``**kwargs``)."""
     parameters = inspect.signature(model_class.forward).parameters
-    return frozenset(name for name in parameters if name not in _NOT_INPUTS and not name.startswith(("output_", "return_")))
+    named = frozenset(
+        name for name, parameter in parameters.items()
+        if parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        and name not in _NOT_INPUTS and not name.startswith(("output_", "return_"))
+    )
+    return named, any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
 
 
-_NOT_INPUTS = frozenset({"self", "labels", "kwargs", "args", "use_cache"})
+_NOT_INPUTS = frozenset({"self", "labels", "use_cache"})
 
 
 class _TransformersBackbone(Backbone):
@@ -60,9 +66,15 @@ class _TransformersBackbone(Backbone):
         return {int(index): str(name) for index, name in self.model.config.id2label.items()}
 
     def takes_input(self, name: str) -> bool:
-        """Any tensor argument of the model's ``forward`` (``input_ids``, ``attention_mask``, ...) except the labels
-        and output switches; a pre-tokenized dataset's ``text`` or ``idx`` columns are not."""
-        return name in _forward_inputs(type(self.model))
+        """An argument of the model's ``forward`` (``input_ids``, ``attention_mask``, ...) other than the labels
+        and output switches, or — when that ``forward`` takes ``**kwargs``, as a subclass passing them on
+        to its base model does — an argument of the base model's ``forward`` (``token_type_ids``).
+        A pre-tokenized dataset's ``text`` or ``idx`` columns are neither."""
+        named, passes_on = _forward_inputs(type(self.model))
+        if name in named:
+            return True
+        base = getattr(self.model, "base_model", self.model)
+        return passes_on and base is not self.model and name in _forward_inputs(type(base))[0]
 
     def _run(self, inputs: Inputs) -> Tuple[torch.Tensor, Any]:
         output = self.model(**inputs)

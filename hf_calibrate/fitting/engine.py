@@ -155,26 +155,23 @@ class Engine:
         return [local[start : start + size] for start in range(0, len(local), size)]
 
     def iterate(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
-        """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device.
-
-        Non-finite floating inputs are noted in :attr:`faults` and yielded as zeros; the consumer
-        raises them at the batch's synchronisation point (:meth:`sync_faults`).
-        """
+        """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device (unchecked)."""
         plan = [(number, micro) for number, batch in enumerate(global_batches) for micro in self.local_micro_batches(batch)]
         if not plan:
             return
         loader = data.loader([micro for _, micro in plan], num_workers=self.options.num_workers)
         for (number, micro), (inputs, labels) in zip(plan, loader):
-            inputs = note_nonfinite_inputs(self.faults, data, self.to_device(inputs), micro, number)
-            yield number, micro, inputs, labels.to(self.device)
+            yield number, micro, self.to_device(inputs), labels.to(self.device)
 
     def batches(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
         """Yield (global batch number, its local micro-batches) for *every* global batch.
 
         A process whose share of a batch is empty still gets that batch (with no
         micro-batches), so collectives after each batch line up across processes.
-        Consume each inner iterator, then call :meth:`sync_faults` (directly, or through
-        :meth:`gather_sorted` / :meth:`all_reduce_gradients`), before advancing the outer one.
+        Non-finite floating inputs are noted in :attr:`faults` as each micro-batch is handed
+        over (not when it is read ahead) and handed over as zeros; consume each inner iterator,
+        then call :meth:`sync_faults` (directly, or through :meth:`gather_sorted` /
+        :meth:`all_reduce_gradients`), before advancing the outer one.
         """
         stream = self.iterate(data, global_batches)
         pending = next(stream, None)
@@ -182,7 +179,8 @@ class Engine:
         def micro_batches(number: int) -> Iterator[Tuple[List[int], Inputs, torch.Tensor]]:
             nonlocal pending
             while pending is not None and pending[0] == number:
-                yield pending[1:]
+                _, micro, inputs, labels = pending
+                yield micro, note_nonfinite_inputs(self.faults, data, inputs, micro, number), labels
                 pending = next(stream, None)
 
         for number in range(len(global_batches)):

@@ -211,7 +211,8 @@ def verify_against_base(
 def _verify_delta(root: Path, record: Dict[str, Any], backbone: Backbone, calibrator: Calibrator) -> None:
     """δ must live in the base's input space, and have the base's declared input shape unless the record
     says it was calibrated at another input size (``input_contract.input_size``, which equals δ's shape
-    by the schema): a CNN calibrated at 32×32 keeps its config's 224×224."""
+    by the schema) and records the base's weights fingerprint: a CNN calibrated at 32×32 keeps its
+    config's 224×224, and the fingerprint (checked next) ties the calibration to that very base."""
     delta = calibrator.input_perturbation
     if delta is None:
         return
@@ -223,7 +224,7 @@ def _verify_delta(root: Path, record: Dict[str, Any], backbone: Backbone, calibr
         )
     expected_shape = backbone.default_delta_shape()
     calibrated_size = (record.get("input_contract") or {}).get("input_size")
-    if backbone.modality == "image" and calibrated_size is not None:
+    if backbone.modality == "image" and calibrated_size is not None and record["base_model"].get("fingerprint"):
         return  # the weights fingerprint, checked next, ties the calibration to its base
     if expected_shape is not None and tuple(delta.shape) != tuple(expected_shape):
         raise ArtifactError(
