@@ -50,6 +50,8 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_class_names_as_labels_are_matched_to_the_model": ("labels as class names", HANDLED),
     "test_classlabel_names_matched_ignoring_case_else_refused_naming_the_cast": ("labels as class names", HANDLED),
     "test_models_with_generic_label_names": ("labels as class names", HANDLED),
+    "test_every_bad_sample_of_a_batch_is_named_across_micro_batches": ("bad input: NaN/inf in the data", REFUSED),
+    "test_a_record_without_fingerprint_keeps_the_size_check": ("input size and preprocessing", REFUSED),
     "test_every_process_raises_the_same_error_for_data_only_one_holds": ("bad input: held by one of 2 processes", REFUSED),
     "test_mac_cal_keeps_the_head_it_validated": ("MaC-Cal keeps the validated head", HANDLED),
     "test_another_input_size_at_inference_names_the_size_to_use": ("input size and preprocessing", REFUSED),
