@@ -75,11 +75,11 @@ def fit_vector_scaling(logits: torch.Tensor, labels: torch.Tensor, beta: float, 
         decrement = -float((step_scale * (sums[0] - true_sum) + step_bias * (sums[1] - count)).sum())
         if decrement / 2 <= threshold:
             break
-        trial = _line_search(logits, labels, scale, bias, step_scale, step_bias, loss, decrement)
-        passes += trial[-1]
-        if trial[0] is None:
+        accepted, trials = _line_search(logits, labels, scale, bias, step_scale, step_bias, loss, decrement)
+        passes += trials
+        if accepted is None:
             break
-        scale, bias, loss, sums = trial[:4]
+        scale, bias, loss, sums = accepted
         iteration += 1
     return scale, bias, {"loss": loss, "iterations": iteration, "passes": passes}
 
@@ -104,13 +104,13 @@ def _newton_direction(sums: torch.Tensor, count: torch.Tensor, true_sum: torch.T
 
 
 def _line_search(logits, labels, scale, bias, step_scale, step_bias, loss, decrement):
-    """Armijo backtracking from the full step: (scale, bias, loss, sums, passes), or (None, passes) on failure."""
+    """Armijo backtracking from the full step: ((scale, bias, loss, sums) or None on failure, passes made)."""
     length = 1.0
     for trial in range(1, MAX_HALVINGS + 1):
         new_scale = (scale + length * step_scale).clamp(*SCALE_BOUNDS)  # only rounding can leave the bounds
         new_bias = bias + length * step_bias
         new_loss, new_sums = vector_scaling_pass(logits, labels, new_scale, new_bias)
         if math.isfinite(new_loss) and new_loss <= loss - ARMIJO * length * decrement:
-            return new_scale, new_bias, new_loss, new_sums, trial
+            return (new_scale, new_bias, new_loss, new_sums), trial
         length /= 2
     return None, MAX_HALVINGS
