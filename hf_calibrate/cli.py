@@ -547,9 +547,14 @@ def process_state() -> Any:
 
 
 def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
-    """``hf-calibrate fit``: load, fit, evaluate, print the table, save and/or push."""
+    """``hf-calibrate fit``: load, fit, evaluate, print the table, save and/or push.
+
+    Without ``--eval-split`` the evaluation reuses the base logits the fit computed over the
+    calibration split (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs
+    over it once, not twice.
+    """
     from .backbones import adapt
-    from .modeling import CalibratedModel
+    from .modeling import fit_and_evaluate
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
@@ -567,14 +572,13 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     if args.eval_split:
         wanted["evaluation"] = (args.eval_split, (), "--eval-split")
     data = load_data(args, backbone, state, options.get("label_column"), wanted)
-    calibrated = CalibratedModel.fit(
-        loaded.model, data["calibration"], method=args.method, validation_data=data.get("validation"),
-        **{"preprocessor": loaded.preprocessor, **options},
-    )
     evaluation_data = data.get("evaluation", data["calibration"])
-    evaluation = calibrated.evaluate(
-        evaluation_data, dataset_name=dataset_display_name(args.dataset), split=str(evaluation_data.split or ""),
-        **engine_options(options),
+    calibrated, evaluation = fit_and_evaluate(
+        loaded.model, data["calibration"], evaluation_data, method=args.method, validation_data=data.get("validation"),
+        evaluation_options={
+            "dataset_name": dataset_display_name(args.dataset), "split": str(evaluation_data.split or ""), **engine_options(options),
+        },
+        **{"preprocessor": loaded.preprocessor, **options},
     )
     console.result(f"{args.method} calibration of {args.model} on {dataset_display_name(args.dataset)} "
                    f"({evaluation_data.split}, {len(evaluation_data)} samples):")

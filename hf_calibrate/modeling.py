@@ -22,7 +22,7 @@ import itertools
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +39,10 @@ from . import _hub, cards, serialization
 from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
-from .data import prepare_data
+from .data import PreparedData, prepare_data
 from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
 from .fitting.faults import note_nonfinite_outputs
+from .fitting.kept_logits import KeptLogits
 from .metrics import CalibrationMetrics, ReliabilityBins
 from .version import __version__
 
@@ -240,6 +241,22 @@ class CalibratedModel(PreTrainedModel):
         Returns:
             The fitted ``CalibratedModel``; ``fit_summary`` holds the fit history.
         """
+        return cls._fit(model, calibration_data, method, validation_data, temperature_data, options, keep_logits=False)[0]
+
+    @classmethod
+    def _fit(
+        cls,
+        model: nn.Module,
+        calibration_data: Any,
+        method: str,
+        validation_data: Any,
+        temperature_data: Any,
+        options: Dict[str, Any],
+        *,
+        keep_logits: bool,
+    ) -> Tuple["CalibratedModel", Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`fit`, and with ``keep_logits`` the base logits (N, C) float32 and labels (N,) of every calibration
+        sample in dataset order, as the fit computed them (None when it did not compute all of them)."""
         engine_options, method_options = _split_options(method, options)
         engine = Engine(engine_options)
         backbone = adapt(model, classifier=getattr(method_options, "classifier", None))
@@ -247,11 +264,13 @@ class CalibratedModel(PreTrainedModel):
             model.to(engine.device)
             prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_options.data_options())  # noqa: E731
             data = prepare(calibration_data)
+            engine.kept_logits = KeptLogits(data) if keep_logits else None
             contract = input_contract(backbone, data, engine)
             calibrator, summary = fit_calibrator(
                 backbone, data, method, method_options, engine,
                 validation=prepare(validation_data), temperature_data=prepare(temperature_data),
             )
+        kept = engine.kept_logits.take() if keep_logits else None
         calibrator.is_fitted = True
         config = CalibratedConfig(
             base_library=backbone.library,
@@ -275,10 +294,9 @@ class CalibratedModel(PreTrainedModel):
             "base_fingerprint": serialization.weights_fingerprint(model),
             "input_contract": contract,
         }
-        return calibrated
+        return calibrated, kept
 
     # -------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(
         self, data: Any, *, n_bins: int = 15, dataset_name: Optional[str] = None, split: Optional[str] = None, **options: Any
     ) -> Dict[str, Any]:
@@ -296,6 +314,21 @@ class CalibratedModel(PreTrainedModel):
             where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics`
             and ``reliability`` holds the :class:`~hf_calibrate.metrics.ReliabilityBins` of each.
         """
+        return self._evaluate(data, n_bins, dataset_name, split, options, kept=None)
+
+    @torch.no_grad()
+    def _evaluate(
+        self,
+        data: Any,
+        n_bins: int,
+        dataset_name: Optional[str],
+        split: Optional[str],
+        options: Dict[str, Any],
+        *,
+        kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
+    ) -> Dict[str, Any]:
+        """:meth:`evaluate`; ``kept``: the base logits (N, C) and labels (N,) of every sample of ``data`` in dataset
+        order (from :meth:`_fit`), used instead of running the base model again."""
         for name, value in (("dataset_name", dataset_name), ("split", split)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
@@ -303,27 +336,7 @@ class CalibratedModel(PreTrainedModel):
         engine = Engine(_engine_options(options, "evaluate", ("n_bins", "dataset_name", "split")))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
-        uncalibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
-        calibrated = CalibrationMetrics(self.calibrator.num_classes, n_bins)
-        logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
-        batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
-        with engine.progress(len(batches), "evaluating") as bar:
-            for number, micro_batches in engine.batches(prepared, batches):
-                for micro, inputs, labels in micro_batches:
-                    with engine.autocast():
-                        base_logits = self.backbone.logits(inputs).float()
-                        if logit_space:
-                            calibrated_logits = self.calibrator(base_logits).float()
-                        else:
-                            calibrated_logits = self._calibrated_forward(inputs)[0].float()
-                    bad = engine.note_label_faults(labels, self.calibrator.num_classes)
-                    bad |= note_nonfinite_outputs(engine.faults, prepared, base_logits, micro, number, "logits")
-                    bad |= note_nonfinite_outputs(engine.faults, prepared, calibrated_logits, micro, number, "calibrated logits")
-                    if not bad:
-                        uncalibrated.update(base_logits, labels, from_logits=True)
-                        calibrated.update(calibrated_logits, labels, from_logits=True)
-                engine.sync_faults()
-                bar.update(1)
+        uncalibrated, calibrated = self._score(engine, prepared, n_bins, kept)
         result = {
             "uncalibrated": uncalibrated.compute(),
             "calibrated": calibrated.compute(),
@@ -334,6 +347,57 @@ class CalibratedModel(PreTrainedModel):
         }
         self.last_evaluation = result
         return result
+
+    def _score(
+        self, engine: Engine, prepared: PreparedData, n_bins: int, kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
+    ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
+        """(uncalibrated, calibrated) accumulators over ``prepared``, each process adding its shard's micro-batches.
+
+        ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
+        pass; a logit-space calibration then loads no input at all.
+        """
+        num_classes = self.calibrator.num_classes
+        uncalibrated, calibrated = CalibrationMetrics(num_classes, n_bins), CalibrationMetrics(num_classes, n_bins)
+        logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
+        if kept is not None:
+            if len(kept[0]) != len(prepared):
+                raise RuntimeError(
+                    f"the kept base logits are of {len(kept[0])} samples but the evaluation data are {prepared.description}: "
+                    "they are not of these data. Evaluate with CalibratedModel.evaluate (which runs the base model)."
+                )
+            kept = (kept[0].to(engine.device), kept[1].to(engine.device))
+        batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
+        stream = _kept_batches(engine, batches, kept[1]) if kept is not None and logit_space else engine.batches(prepared, batches)
+        with engine.progress(len(batches), "evaluating") as bar:
+            for number, micro_batches in stream:
+                for micro, inputs, labels in micro_batches:
+                    base_logits, calibrated_logits = self._logit_pair(engine, inputs, micro, kept, logit_space)
+                    bad = engine.note_label_faults(labels, num_classes)
+                    bad |= note_nonfinite_outputs(engine.faults, prepared, base_logits, micro, number, "logits")
+                    bad |= note_nonfinite_outputs(engine.faults, prepared, calibrated_logits, micro, number, "calibrated logits")
+                    if not bad:
+                        uncalibrated.update(base_logits, labels, from_logits=True)
+                        calibrated.update(calibrated_logits, labels, from_logits=True)
+                engine.sync_faults()
+                bar.update(1)
+        return uncalibrated, calibrated
+
+    def _logit_pair(
+        self, engine: Engine, inputs: Optional[Dict[str, Any]], micro: List[int], kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
+        logit_space: bool,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(base, calibrated) float32 logits (n, C) of one micro-batch (dataset indices ``micro``); the base's are
+        taken from ``kept`` when given, else computed from ``inputs``."""
+        with engine.autocast():
+            if kept is not None:
+                base_logits = kept[0][torch.as_tensor(micro, device=kept[0].device)]
+            else:
+                base_logits = self.backbone.logits(inputs).float()
+            if logit_space:
+                calibrated_logits = self.calibrator(base_logits).float()
+            else:
+                calibrated_logits = self._calibrated_forward(inputs)[0].float()
+        return base_logits, calibrated_logits
 
     # -------------------------------------------------- saving, loading, pushing
     def calibration_record(
@@ -546,6 +610,81 @@ class CalibratedModel(PreTrainedModel):
                 "or CalibratedModel.from_pretrained(...)."
             )
         return super().__call__(*args, **kwargs)
+
+
+def fit_and_evaluate(
+    model: nn.Module,
+    calibration_data: Any,
+    evaluation_data: Any = None,
+    *,
+    method: str = "neural_clamping",
+    validation_data: Any = None,
+    temperature_data: Any = None,
+    evaluation_options: Optional[Dict[str, Any]] = None,
+    **options: Any,
+) -> Tuple[CalibratedModel, Dict[str, Any]]:
+    """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
+
+    The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
+    validation_data=validation_data, temperature_data=temperature_data, **options)`` followed by
+    ``calibrated.evaluate(evaluation_data, **evaluation_options)`` (``evaluation_data`` None: the
+    calibration data; ``evaluation_options``: ``n_bins``, ``dataset_name``, ``split`` and engine options).
+
+    When the evaluation data are the calibration data (None or the same object) and the evaluation
+    runs the base model as the fit did (the same engine options, except ``progress``,
+    ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
+    computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
+    calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
+    Clamping and the head methods run the calibrated model once (δ and the new head need it); a
+    head method with ``feature_cache_dir`` keeps no logits and runs the base model again. The kept
+    logits (N × C float32) live only during this call.
+
+    The results are those of the two calls, bit for bit, when the fit ran the base model over the
+    whole calibration data in one pass (the logit-space methods; Neural Clamping and the head
+    methods with separate ``validation_data``). When Neural Clamping or a head method holds out part
+    of the calibration data, it computed the base logits in the batches of its two parts: the
+    uncalibrated metrics then equal the two calls' up to float rounding of the batched forward pass.
+
+    Returns:
+        (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
+    """
+    evaluation_options = dict(evaluation_options or {})
+    own = {key: evaluation_options.pop(key, default) for key, default in (("n_bins", 15), ("dataset_name", None), ("split", None))}
+    reuse = (evaluation_data is None or evaluation_data is calibration_data) and _same_base_pass(options, evaluation_options)
+    calibrated, kept = CalibratedModel._fit(
+        model, calibration_data, method, validation_data, temperature_data, options, keep_logits=reuse
+    )
+    data = calibration_data if evaluation_data is None else evaluation_data
+    evaluation = calibrated._evaluate(data, own["n_bins"], own["dataset_name"], own["split"], evaluation_options, kept=kept)
+    return calibrated, evaluation
+
+
+#: engine options that change no base logit: a fit and an evaluation may differ in them and share the base's pass
+_PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed")
+
+
+def _same_base_pass(fit_options: Dict[str, Any], evaluation_options: Dict[str, Any]) -> bool:
+    """Whether an evaluation with ``evaluation_options`` runs the base model over the data exactly as a fit with
+    ``fit_options`` does: the same preprocessing, batches, precision and processes (an unset evaluation
+    ``preprocessor`` is the calibrated model's own, the fit's)."""
+    names = {field.name for field in dataclasses.fields(EngineOptions)} - set(_PASS_NEUTRAL_OPTIONS)
+    for name in names:
+        fitted, evaluated = fit_options.get(name), evaluation_options.get(name)
+        if name == "preprocessor" and evaluated is None:
+            continue
+        if evaluated is not fitted and evaluated != fitted:
+            return False
+    return True
+
+
+def _kept_batches(
+    engine: Engine, batches: Sequence[torch.Tensor], labels: torch.Tensor
+) -> Iterator[Tuple[int, Iterator[Tuple[List[int], None, torch.Tensor]]]]:
+    """:meth:`Engine.batches`' plan over ``batches`` without loading any input: (global batch number, its local
+    micro-batches as (dataset indices, None, their labels from ``labels`` (N,)))."""
+    for number, batch in enumerate(batches):
+        micro_batches = engine.local_micro_batches(batch)
+        yield number, iter([(micro, None, labels[torch.as_tensor(micro, device=labels.device)]) for micro in micro_batches])
 
 
 def register_auto_classes() -> None:

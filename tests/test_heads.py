@@ -174,6 +174,23 @@ def test_features_stream_from_disk_shards(problem, tmp_path):
     assert torch.equal(store.tensors()[0], features)
 
 
+@pytest.mark.parametrize("method", ["tst", "mac_cal"])
+def test_a_bare_linear_classifier_on_cached_features(problem, tmp_path, method):
+    """Users who cached features pass their classifier layer itself as the model (its name is '')."""
+    layer = overconfident_classifier()[2]
+    hidden = overconfident_classifier()[:2]
+    with torch.no_grad():
+        features = {name: TensorDataset(hidden(data.tensors[0]), data.tensors[1]) for name, data in problem.items()}
+    calibrated = CalibratedModel.fit(layer, features["train"], method=method, validation_data=features["validation"], epochs=5,
+                                     progress=False)
+    assert calibrated.method == method
+    calibrated.save_pretrained(tmp_path)
+    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=layer)
+    inputs = features["test"].tensors[0][:32]
+    with torch.no_grad():
+        assert torch.equal(loaded(inputs), calibrated(inputs))  # called like the base: a tensor of logits
+
+
 def test_heads_need_validation_or_holdout(problem):
     with pytest.raises(ValueError, match="validation_data=... or holdout_fraction > 0"):
         CalibratedModel.fit(overconfident_classifier(), problem["train"], method="tst", holdout_fraction=0.0, progress=False)

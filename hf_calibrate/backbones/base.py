@@ -154,8 +154,11 @@ class Backbone(ABC):
         return self._classifier
 
     def _named_classifier(self, name: str) -> Tuple[str, nn.Linear]:
-        """The layer ``name`` the user chose; an error listing the candidates when it cannot be the classifier."""
-        module = dict(self.model.named_modules()).get(name) if isinstance(name, str) and name else None
+        """The layer ``name`` the user chose; an error listing the candidates when it cannot be the classifier.
+
+        ``""`` names the model itself: a bare ``nn.Linear`` passed as the model (features in, logits out).
+        """
+        module = dict(self.model.named_modules()).get(name) if isinstance(name, str) else None
         num_classes = self.num_classes
         if isinstance(module, nn.Linear) and (num_classes is None or module.out_features == num_classes):
             return name, module

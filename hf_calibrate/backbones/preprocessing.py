@@ -208,7 +208,7 @@ def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], prepro
             f"The calibration holds at {format_size(size)} only: that size is recorded (input_contract in "
             "calibration_config.json) and the saved preprocessing resizes to it, so pipelines and from_pretrained "
             f"users get {format_size(size)} inputs; preprocess your own inputs to {format_size(size)} too.",
-            stacklevel=4,
+            stacklevel=5,  # the caller of CalibratedModel.fit (via input_contract and CalibratedModel._fit)
         )
 
 
@@ -281,5 +281,5 @@ def _warn_if_other_size(preprocessor: Any, contract: Optional[Mapping[str, Any]]
         f"the preprocessor passed produces {format_size(produced)} images, but the model was calibrated at "
         f"{format_size(size)}: its confidences hold for inputs of that size. Leave preprocessor unset to use the "
         "model's own.",
-        stacklevel=4,
+        stacklevel=5,  # the caller of CalibratedModel.evaluate (via evaluation_options and CalibratedModel._evaluate)
     )

@@ -16,22 +16,55 @@ Each calibrator class declares
 from __future__ import annotations
 
 import collections.abc
+import contextvars
 import dataclasses
 import functools
 import math
 import os
 import typing
-from typing import Any, ClassVar, Dict, Mapping, Optional
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
 
 
 class InvalidOptionError(ValueError, TypeError):
     """An option of the wrong type or outside its range (both a ValueError and a TypeError)."""
+
+
+def _no_progress(total: int, description: str) -> tqdm:
+    return tqdm(total=total, desc=description, disable=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitContext:
+    """How a logit fit reports on itself; the fitting engine passes one to :meth:`Calibrator.fit_logits`.
+
+    Attributes:
+        progress: ``(total, description) -> tqdm`` for a progress bar (the engine's shows on
+            the main process only); the default shows none.
+        interruptible: whether Ctrl-C (KeyboardInterrupt) during a long iterative fit stops it
+            early and keeps the best state so far (the engine allows it in one process only:
+            processes interrupted at different iterations would disagree). Default False.
+        announce: whether a fit that may take long says so first, with a time bound (a
+            warning; the engine: on the main process only). Default True.
+    """
+
+    progress: Callable[[int, str], tqdm] = _no_progress
+    interruptible: bool = False
+    announce: bool = True
+
+
+_FIT_CONTEXT: contextvars.ContextVar[FitContext] = contextvars.ContextVar("fit_context", default=FitContext())
+
+
+def fit_context() -> FitContext:
+    """The :class:`FitContext` of the logit fit running now (defaults outside one)."""
+    return _FIT_CONTEXT.get()
 
 
 @dataclasses.dataclass
@@ -73,16 +106,23 @@ class Calibrator(nn.Module):
         """A classifier head (features → logits) replacing the base's, or None."""
         return None
 
-    def fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def fit_logits(
+        self, logits: torch.Tensor, labels: torch.Tensor, options: Any, context: Optional[FitContext] = None,
+    ) -> Dict[str, Any]:
         """Fit on cached (N, C) logits and (N,) labels; return a summary for the fit history.
 
         The logits must be finite and the labels valid class indices (else a ValueError naming
-        the rows); subclasses implement :meth:`_fit_logits`.
+        the rows); subclasses implement :meth:`_fit_logits` and read ``context`` (progress
+        bars, Ctrl-C) through :func:`fit_context`.
         """
         if type(self)._fit_logits is Calibrator._fit_logits:
             raise NotImplementedError(f"{self.method} is not fitted from cached logits.")
         check_fit_logits(logits, labels, self.num_classes)
-        return self._fit_logits(logits, labels, options)
+        token = _FIT_CONTEXT.set(context or FitContext())
+        try:
+            return self._fit_logits(logits, labels, options)
+        finally:
+            _FIT_CONTEXT.reset(token)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         """The fit itself, on logits and labels already checked by :meth:`fit_logits`."""

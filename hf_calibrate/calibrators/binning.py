@@ -21,6 +21,7 @@ import torch
 
 from ..metrics.functional import equal_width_bin_index
 from .base import Calibrator, check_fields, chunk_rows, require
+from .isotonic_ovr import one_vs_rest_isotonic_knots
 
 MODES = ("top_label", "one_vs_rest")
 _LOG_FLOOR = 1e-12
@@ -240,9 +241,12 @@ class IsotonicCalibration(Calibrator):
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        probs = torch.softmax(logits.double(), dim=1)
-        scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
-        fits = [_isotonic_knots(s, t) for s, t in zip(scores.cpu().numpy(), targets.cpu().numpy())]
+        if self.mode == "one_vs_rest":
+            fits = one_vs_rest_isotonic_knots(logits, labels)
+        else:
+            probs = torch.softmax(logits.double(), dim=1)
+            scores, targets = _scores(probs, self.mode)[0], _targets(probs, labels, self.mode)[0]
+            fits = [_isotonic_knots(scores.cpu().numpy(), targets.cpu().numpy())]
         length = max(len(x) for x, _ in fits)
         knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
         knots_y = np.stack([np.pad(y, (0, length - len(y)), mode="edge") for _, y in fits])

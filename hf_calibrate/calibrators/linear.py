@@ -11,7 +11,8 @@ default): no single value suits both 10 and 1,000 classes (a mean over C(C−1) 
 restrain a 1000×1000 W fitted on a few thousand samples).
 Each map starts at the temperature-scaling optimum (a = 1/T, W = I/T, b = 0; for Dirichlet
 softmax(β·log p) = softmax(β·z), so W = βI is TS too), so the fit starts where TS ends: vector
-scaling by block-Newton steps (:mod:`.vector_newton`), matrix and Dirichlet by L-BFGS.
+scaling by block-Newton steps (:mod:`.vector_newton`), matrix and Dirichlet by L-BFGS
+(:mod:`.lbfgs`: a time warning before a long fit, a progress bar, Ctrl-C keeps the best state).
 None of these maps is guaranteed to keep the argmax: per-class scales and biases can
 reorder classes, which may change accuracy (usually slightly).
 """
@@ -19,41 +20,26 @@ reorder classes, which may change accuracy (usually slightly).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import math
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator, check_fields, require
+from . import lbfgs
+from .base import Calibrator, check_fields, fit_context, require
 from .temperature import fit_inverse_temperature
 from .vector_newton import fit_vector_scaling
 
 # Up to this many logits the fit runs in float64; larger problems use float32 for speed.
 _FLOAT64_MAX_ELEMENTS = 1 << 24
+#: the λ path stops after this many candidates in a row that do not improve held-out NLL
+PATH_PATIENCE = 2
 
 
 def _work_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float64 if logits.numel() <= _FLOAT64_MAX_ELEMENTS else torch.float32
-
-
-def _minimise(parameters: List[torch.Tensor], objective: Callable[[], torch.Tensor], max_iter: int) -> Dict[str, Any]:
-    """Minimise ``objective`` over ``parameters`` (leaf tensors) with strong-Wolfe L-BFGS."""
-    optimizer = torch.optim.LBFGS(
-        parameters, lr=1.0, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12,
-        history_size=20, line_search_fn="strong_wolfe",
-    )
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    with torch.no_grad():
-        final_loss = float(objective())
-    return {"loss": final_loss, "iterations": int(optimizer.state[parameters[0]].get("n_iter", 0))}
 
 
 class _LinearLogitMap(Calibrator):
@@ -75,18 +61,19 @@ class _LinearLogitMap(Calibrator):
         return self.transform(logits, parameters)
 
     def _fit_parameters(
-        self, logits: torch.Tensor, labels: torch.Tensor, beta: float, strength: float, max_iter: int
+        self, logits: torch.Tensor, labels: torch.Tensor, start: Dict[str, torch.Tensor], strength: float, max_iter: int,
+        description: str,
     ) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-        """L-BFGS from the TS optimum β = 1/T (of these logits) on mean NLL + ``penalty(·, strength)``."""
-        parameters = self.initial_parameters(beta, logits.dtype, logits.device)
-        for tensor in parameters.values():
-            tensor.requires_grad_(True)
+        """L-BFGS from ``start`` (copied) on mean NLL + ``penalty(·, strength)``; see :func:`.lbfgs.minimise`."""
+        parameters = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in start.items()}
+        objective = self._objective(logits, labels, parameters, strength)
+        return parameters, lbfgs.minimise(list(parameters.values()), objective, max_iter, description)
 
+    def _objective(self, logits: torch.Tensor, labels: torch.Tensor, parameters: Dict[str, torch.Tensor], strength: float):
         def objective() -> torch.Tensor:
-            nll = F.cross_entropy(self.transform(logits, parameters), labels)
-            return nll + self.penalty(parameters, strength)
+            return F.cross_entropy(self.transform(logits, parameters), labels) + self.penalty(parameters, strength)
 
-        return parameters, _minimise(list(parameters.values()), objective, max_iter)
+        return objective
 
     def _store(self, parameters: Dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -101,8 +88,10 @@ class ODIROptions:
     Attributes:
         l2: λ (= λ_od = λ_b), weight of the mean squared off-diagonal entry of W and of the
             mean squared intercept; None (default) selects it from ``l2_grid``.
-        l2_grid: candidate λ values (default 1e-4, 1e-3, …, 1e4), each fitted on the calibration
-            data minus a held-out part and scored by held-out NLL; the best is refitted on all.
+        l2_grid: candidate λ values (default 1e-4, 1e-3, …, 1e4), fitted strongest first on the
+            calibration data minus a held-out part, each from the previous one's optimum, and
+            scored by held-out NLL until two in a row do not improve it; the best is refitted
+            on all the data.
         holdout_fraction: share held out for that selection (default 0.2).
         seed: seed of the held-out split (default 0).
         max_iter: L-BFGS iterations at most, per fit (default 200).
@@ -193,31 +182,78 @@ class MatrixScaling(_LinearLogitMap):
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Dict[str, Any]:
         work = logits.detach().to(_work_dtype(logits))
-        summary: Dict[str, Any] = {}
-        strength = options.l2
-        if strength is None:
-            strength, summary["l2_holdout_nll"] = self._select_strength(work, labels, options)
-        parameters, fit = self._fit_parameters(work, labels, fit_inverse_temperature(work, labels)[0], strength, options.max_iter)
+        start = self.initial_parameters(fit_inverse_temperature(work, labels)[0], work.dtype, work.device)
+        self._warn_if_long(work, labels, start, options)
+        summary: Dict[str, Any] = {"l2": options.l2}
+        if options.l2 is None:
+            summary, start = self._select_strength(work, labels, options)
+            if summary.pop("interrupted"):  # keep the best candidate, fitted on the selection's part
+                self._store(start)
+                return {**summary, "interrupted": "during the l2 selection: the best candidate so far is kept, not refitted on all data"}
+        parameters, fit = self._fit_parameters(work, labels, start, summary["l2"], options.max_iter, f"{self.method} fit")
         self._store(parameters)
-        return {**fit, "l2": strength, **summary}
+        if fit.pop("interrupted"):
+            fit["interrupted"] = "during the fit: the best state so far is kept"
+        return {**fit, **summary}
 
-    def _select_strength(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Tuple[float, Dict[str, float]]:
-        """The λ of ``options.l2_grid`` with the lowest held-out NLL, and every λ's held-out NLL."""
-        count = logits.shape[0]
+    def _warn_if_long(self, logits: torch.Tensor, labels: torch.Tensor, start: Dict[str, torch.Tensor], options: ODIROptions) -> None:
+        """Warn with :meth:`cost_bound` before a fit that may take long (only large ones are timed)."""
+        if not fit_context().announce or logits.shape[0] * logits.shape[1] ** 2 < lbfgs.TIME_FROM_WORK:
+            return
+        advice = "Pass l2=<value> to skip the selection of l2, or use vector or temperature scaling (seconds)."
+        what = f"{self.method} on {logits.shape[0]:,} x {logits.shape[1]:,} logits"
+        lbfgs.warn_if_long(what, self.cost_bound(logits, labels, options, start), advice)
+
+    def cost_bound(
+        self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions, start: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> lbfgs.CostBound:
+        """An upper bound of the time of ``fit_logits(logits, labels, options)`` here, from one timed evaluation.
+
+        Args:
+            logits: (N, C) logits in the dtype the fit will use; labels: (N,).
+            start: parameters to evaluate at (default: the identity map).
+        """
+        start = start or self.initial_parameters(1.0, logits.dtype, logits.device)
+        parameters = {name: tensor.clone().requires_grad_(True) for name, tensor in start.items()}
+        seconds = lbfgs.time_one_evaluation(self._objective(logits, labels, parameters, 0.0), list(parameters.values()))
+        return lbfgs.CostBound(seconds, 1 if options.l2 is not None else len(options.l2_grid) + 1, options.max_iter)
+
+    def _select_strength(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+        """Select λ on held-out NLL along a warm-started path, strongest λ first.
+
+        Each candidate starts at the previous candidate's optimum (the problems are convex, so
+        only the iteration count changes) and the path stops once :data:`PATH_PATIENCE`
+        candidates in a row have not improved held-out NLL: weaker λ only fit the noise more.
+        Returns the summary (``l2``, ``l2_holdout_nll`` of every candidate tried, ``interrupted``)
+        and the best candidate's parameters, the refit's start.
+        """
+        held, kept = self._holdout_split(logits.shape[0], options, logits.device)
+        kept_logits, kept_labels = logits[kept], labels[kept]
+        start = self.initial_parameters(fit_inverse_temperature(kept_logits, kept_labels)[0], logits.dtype, logits.device)
+        candidates = sorted(options.l2_grid, reverse=True)
+        scores: Dict[str, float] = {}
+        best, worse_in_a_row, interrupted = (math.inf, None, start), 0, False
+        for number, strength in enumerate(candidates, 1):
+            description = f"{self.method}: l2 = {strength:g} ({number} of at most {len(candidates)})"
+            start, fit = self._fit_parameters(kept_logits, kept_labels, start, strength, options.max_iter, description)
+            with torch.no_grad():
+                scores[repr(strength)] = float(F.cross_entropy(self.transform(logits[held], start), labels[held]))
+            improved = scores[repr(strength)] < best[0]  # ties keep the stronger λ, tried first
+            best = (scores[repr(strength)], strength, start) if improved else best
+            worse_in_a_row = 0 if improved else worse_in_a_row + 1
+            interrupted = fit["interrupted"]
+            if interrupted or worse_in_a_row == PATH_PATIENCE:
+                break
+        return {"l2": best[1], "l2_holdout_nll": scores, "interrupted": interrupted}, best[2]
+
+    @staticmethod
+    def _holdout_split(count: int, options: ODIROptions, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(held-out, kept) sample indices of the λ selection, seeded by ``options.seed``."""
         holdout = max(1, int(round(options.holdout_fraction * count)))
         if count - holdout < 1:
             raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.")
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(logits.device)
-        held, kept = order[:holdout], order[holdout:]
-        kept_logits, kept_labels = logits[kept], labels[kept]
-        beta, _ = fit_inverse_temperature(kept_logits, kept_labels)  # every candidate starts from it
-        scores: Dict[str, float] = {}
-        for strength in options.l2_grid:
-            parameters, _ = self._fit_parameters(kept_logits, kept_labels, beta, strength, options.max_iter)
-            with torch.no_grad():
-                scores[repr(strength)] = float(F.cross_entropy(self.transform(logits[held], parameters), labels[held]))
-        best = min(options.l2_grid, key=lambda strength: (scores[repr(strength)], -strength))  # ties: stronger λ
-        return best, scores
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(device)
+        return order[:holdout], order[holdout:]
 
 
 class DirichletCalibration(MatrixScaling):

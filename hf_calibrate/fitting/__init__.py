@@ -9,6 +9,7 @@ import torch
 from ..backbones import Backbone, Inputs
 from ..backbones.preprocessing import describe_inputs, warn_if_not_declared
 from ..calibrators import Calibrator, calibrator_class
+from ..calibrators.base import FitContext
 from ..data import PreparedData
 from ..metrics import NonFiniteError
 from .engine import Engine, EngineOptions, steps_per_epoch
@@ -83,7 +84,8 @@ def fit_calibrator(
     else:
         indices = torch.arange(len(data))
         logits, labels = engine.collect_logits(backbone, data, indices)
-        summary = dict(calibrator.fit_logits(logits, labels, method_options))
+        context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main)
+        summary = dict(calibrator.fit_logits(logits, labels, method_options, context))
         summary["fit_samples"] = len(indices)
     engine.broadcast_module(calibrator)
     return calibrator, summary

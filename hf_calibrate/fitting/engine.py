@@ -28,6 +28,7 @@ from ..calibrators.base import check_fields, require
 from ..data import PreparedData
 from ..metrics._checks import check_labels
 from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
+from .kept_logits import KeptLogits
 
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -98,6 +99,8 @@ class Engine:
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         self.faults = FaultLedger()  # bad data found on this process, raised on all (see faults.py)
+        #: receives the base logits this fit computes of one data object (see kept_logits.py); None: keep none
+        self.kept_logits: Optional[KeptLogits] = None
         if _distributed.world_size() != self.world:
             raise RuntimeError(
                 f"torch.distributed runs {_distributed.world_size()} processes but Accelerate reports {self.world}: "
@@ -238,12 +241,15 @@ class Engine:
         """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process.
 
         Non-finite inputs or logits raise :class:`~hf_calibrate.metrics.NonFiniteError` before anything is fitted.
+        Base logits (no δ) of the data :attr:`kept_logits` names are handed to it too (not copied).
         """
         what = "logits" if delta is None else "logits with the perturbation δ"
         parts = list(self.stream(data, indices, lambda inputs: backbone.logits(inputs, delta), description=description, what=what))
         logits = torch.cat([part[0] for part in parts])
         labels = torch.cat([part[1] for part in parts])
         self.check_labels(labels, logits.shape[1])
+        if delta is None and self.kept_logits is not None:
+            self.kept_logits.add(data, indices, logits, labels)
         return logits, labels
 
     def _local(self, positions, outputs, targets):

@@ -94,20 +94,30 @@ class FeatureStore:
 def collect_features(
     backbone: Backbone, data: PreparedData, indices: torch.Tensor, engine: Engine, *, directory: Optional[Path], description: str
 ) -> FeatureStore:
-    """One no-grad pass: the classifier-layer inputs of ``indices`` into a :class:`FeatureStore`."""
+    """One no-grad pass: the classifier-layer inputs of ``indices`` into a :class:`FeatureStore`.
+
+    When the engine keeps the base logits of ``data`` (``engine.kept_logits``) and the features
+    stay in memory (no ``directory``), the logits the pass computes anyway are kept too.
+    """
+    keep = directory is None and engine.kept_logits is not None and engine.kept_logits.wants(data)
+    width = _feature_dim(backbone) if keep else None  # the features' columns of a row
 
     def compute(inputs):
         with backbone.features_captured() as captured:
-            backbone.logits(inputs)
-        return captured[-1].reshape(captured[-1].shape[0], -1)
+            logits = backbone.logits(inputs)
+        features = captured[-1].reshape(captured[-1].shape[0], -1)
+        return torch.cat([features.float(), logits.float()], dim=1) if keep else features
 
-    store = FeatureStore(directory)
+    store, done = FeatureStore(directory), 0
     stream = engine.stream(
         data, indices, compute, num_classes=backbone.num_classes, description=description,
-        what="features (the input of its classifier layer)",
+        what="features (the input of its classifier layer)" + (" or logits" if keep else ""),
     )
-    for features, labels in stream:  # inputs and features are checked finite there
-        store.append(features, labels)
+    for rows, labels in stream:  # rows follow ``indices``; inputs and outputs are checked finite there
+        store.append(rows[:, :width], labels)
+        if keep:  # a copy of the logits columns, so that the features' rows are not held
+            engine.kept_logits.add(data, indices[done : done + len(labels)], rows[:, width:].clone(), labels)
+        done += len(labels)
     if directory is not None and engine.world > 1:
         engine.accelerator.wait_for_everyone()  # shards written by the main process
     return store.finish()
