@@ -44,6 +44,7 @@ from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
 from .fitting.faults import note_nonfinite_outputs
 from .fitting.kept_logits import KeptLogits
 from .metrics import CalibrationMetrics, ReliabilityBins
+from .metrics._checks import check_n_bins
 from .version import __version__
 
 TASKS = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}
@@ -97,6 +98,15 @@ def _engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str
             f"options of every fit: {', '.join(sorted(engine_names))}."
         )
     return EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
+
+
+def _check_evaluation_arguments(n_bins: Any, dataset_name: Any, split: Any, options: Dict[str, Any]) -> None:
+    """``evaluate``'s arguments, checked before any work (``fit_and_evaluate`` checks them before fitting)."""
+    check_n_bins(n_bins)
+    for name, value in (("dataset_name", dataset_name), ("split", split)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
+    _engine_options(options, "evaluate", ("n_bins", "dataset_name", "split"))
 
 
 def _split_options(method: str, options: Dict[str, Any]):
@@ -329,9 +339,7 @@ class CalibratedModel(PreTrainedModel):
     ) -> Dict[str, Any]:
         """:meth:`evaluate`; ``kept``: the base logits (N, C) and labels (N,) of every sample of ``data`` in dataset
         order (from :meth:`_fit`), used instead of running the base model again."""
-        for name, value in (("dataset_name", dataset_name), ("split", split)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
+        _check_evaluation_arguments(n_bins, dataset_name, split, options)
         options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
         engine = Engine(_engine_options(options, "evaluate", ("n_bins", "dataset_name", "split")))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
@@ -639,7 +647,8 @@ def fit_and_evaluate(
     head method with ``feature_cache_dir`` keeps no logits and runs the base model again. The kept
     logits (N × C float32) live only during this call.
 
-    The results are those of the two calls, bit for bit, when the fit ran the base model over the
+    Evaluation options are checked before the fit starts. For data whose items are deterministic
+    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit, when the fit ran the base model over the
     whole calibration data in one pass (the logit-space methods; Neural Clamping and the head
     methods with separate ``validation_data``). When Neural Clamping or a head method holds out part
     of the calibration data, it computed the base logits in the batches of its two parts: the
@@ -650,6 +659,7 @@ def fit_and_evaluate(
     """
     evaluation_options = dict(evaluation_options or {})
     own = {key: evaluation_options.pop(key, default) for key, default in (("n_bins", 15), ("dataset_name", None), ("split", None))}
+    _check_evaluation_arguments(own["n_bins"], own["dataset_name"], own["split"], evaluation_options)
     reuse = (evaluation_data is None or evaluation_data is calibration_data) and _same_base_pass(options, evaluation_options)
     calibrated, kept = CalibratedModel._fit(
         model, calibration_data, method, validation_data, temperature_data, options, keep_logits=reuse

@@ -206,7 +206,8 @@ def test_ctrl_c_keeps_the_best_state_only_where_allowed(l2):
         _InterruptedMatrixScaling(5).fit_logits(logits, labels, options)
     _InterruptedMatrixScaling.evaluations = 0
     calibrator = _InterruptedMatrixScaling(5)
-    summary = calibrator.fit_logits(logits, labels, options, FitContext(interruptible=True))
+    with pytest.warns(UserWarning, match="interrupted \\(Ctrl-C\\)"):
+        summary = calibrator.fit_logits(logits, labels, options, FitContext(interruptible=True))
     assert summary["interrupted"].startswith("during the l2 selection" if l2 is None else "during the fit")
     ts, _ = fitted(TemperatureScaling, logits, labels)
     with torch.no_grad():
@@ -324,14 +325,30 @@ def test_logit_fits_agree_on_cpu_and_gpu(method, options):
     torch.testing.assert_close(found, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("method, options", LOGIT_FITS)
+def test_labels_as_users_hold_them(method, options):
+    """uint8 tensors, numpy arrays and lists of labels fit like int64 tensors."""
+    logits, labels = miscalibrated(n=400, classes=5)
+    cls = CALIBRATORS[method]
+    reference, _ = fitted(cls, logits, labels, **options)
+    for held in (labels.to(torch.uint8), labels.numpy(), labels.tolist()):
+        calibrator = cls.create(5, parse_options(cls.Options, options, method))
+        calibrator.fit_logits(logits, held, cls.Options(**options))
+        with torch.no_grad():
+            torch.testing.assert_close(calibrator(logits), reference(logits))
+
+
 def _one_vs_rest_case(seed: int, samples: int, classes: int, repeats: int, absent: int):
-    """Logits as users hold them, with exact ties: duplicated rows and rows shifted by an integer
-    (softmax-identical), on a grid of 1/256 so that shifts are exact; ``absent`` classes have no
-    sample labelled with them."""
+    """Logits as users hold them, with exact ties: duplicated rows, rows shifted by an integer
+    (softmax-identical; a grid of 1/256 keeps shifts exact), rows with their classes permuted, and
+    scaled rows whose probabilities underflow to exactly 0; ``absent`` classes have no sample
+    labelled with them."""
     rng = np.random.default_rng(seed)
     logits = rng.integers(-1500, 1500, size=(samples, classes)) / 256
     copies = rng.integers(0, samples, size=repeats)
-    logits = np.concatenate([logits, logits[copies] + rng.integers(-2, 3, size=(repeats, 1))])
+    shifted = logits[copies] + rng.integers(-2, 3, size=(repeats, 1))
+    permuted = logits[copies][:, rng.permutation(classes)]  # the same probabilities, other classes
+    logits = np.concatenate([logits, shifted, permuted, logits[copies] * 400])  # × 400: probabilities underflow to 0
     labels = rng.integers(0, classes - absent, size=len(logits))
     return torch.from_numpy(logits).float(), torch.from_numpy(labels)
 
@@ -341,16 +358,23 @@ def _one_vs_rest_case(seed: int, samples: int, classes: int, repeats: int, absen
     seed=st.integers(0, 2**32 - 1), samples=st.integers(1, 60), classes=st.integers(2, 6),
     repeats=st.integers(0, 40), absent=st.integers(0, 1),
 )
-def test_isotonic_one_vs_rest_matches_sklearn_per_class(seed, samples, classes, repeats, absent):
+def test_isotonic_one_vs_rest_matches_a_full_sort_per_class(seed, samples, classes, repeats, absent):
+    """Against the definition: per class, sort all N scores, merge exact ties, fit (scipy), interpolate.
+    (scikit-learn's IsotonicRegression is not the reference here: it merges scores within 1e-15 of
+    each other, e.g. 1e-200 with an exact 0.)"""
+    from scipy.optimize import isotonic_regression
+
     logits, labels = _one_vs_rest_case(seed, samples, classes, repeats, absent)
     calibrator, _ = fitted(IsotonicCalibration, logits, labels, mode="one_vs_rest")
     probs = torch.softmax(logits.double(), 1).numpy()
     queries = np.concatenate([probs, np.random.default_rng(seed).uniform(0, 1, (50, classes))]).T
     ours = _interpolate(torch.from_numpy(queries.copy()), calibrator.knots_x, calibrator.knots_y).numpy()
     for k in range(classes):
-        targets = (labels.numpy() == k).astype(np.float64)
-        reference = IsotonicRegression(out_of_bounds="clip").fit(probs[:, k], targets)
-        np.testing.assert_allclose(ours[k], reference.predict(queries[k]), atol=1e-9, err_msg=f"class {k}")
+        scores, inverse = np.unique(probs[:, k], return_inverse=True)
+        weights = np.bincount(inverse).astype(np.float64)
+        means = np.bincount(inverse, weights=(labels.numpy() == k).astype(np.float64)) / weights
+        fitted_values = isotonic_regression(means, weights=weights, increasing=True).x
+        np.testing.assert_allclose(ours[k], np.interp(queries[k], scores, fitted_values), atol=1e-9, err_msg=f"class {k}")
     assert bool((calibrator.knots_x.diff(dim=1) >= 0).all()) and bool((calibrator.knots_y.diff(dim=1) >= 0).all())
 
 

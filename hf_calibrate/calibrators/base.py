@@ -117,7 +117,7 @@ class Calibrator(nn.Module):
         """
         if type(self)._fit_logits is Calibrator._fit_logits:
             raise NotImplementedError(f"{self.method} is not fitted from cached logits.")
-        check_fit_logits(logits, labels, self.num_classes)
+        labels = check_fit_logits(logits, labels, self.num_classes)
         token = _FIT_CONTEXT.set(context or FitContext())
         try:
             return self._fit_logits(logits, labels, options)
@@ -141,15 +141,19 @@ class Calibrator(nn.Module):
         return f"num_classes={self.num_classes}"
 
 
-def check_fit_logits(logits: Any, labels: Any, num_classes: int) -> None:
-    """Refuse logits a fit cannot use: not (N, C) floating point, or holding NaN/±inf; and bad labels."""
+def check_fit_logits(logits: Any, labels: Any, num_classes: int) -> torch.Tensor:
+    """Refuse logits a fit cannot use: not (N, C) floating point, or holding NaN/±inf; and bad labels.
+
+    Returns the labels as an (N,) int64 tensor on the logits' device (any integer dtype, a numpy
+    array or a list is accepted).
+    """
     if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or not logits.is_floating_point():
         described = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a floating-point (N, C) tensor, got {described}.")
     if logits.shape[1] != num_classes:
         raise ValueError(f"this calibrator has {num_classes} classes but the logits have {logits.shape[1]} columns.")
     check_finite_logits(logits)
-    check_labels(labels, num_classes, logits.shape[0])
+    return check_labels(labels, num_classes, logits.shape[0]).long().to(logits.device)
 
 
 #: values per chunk of a one-pass reduction over logits: 1 MiB of float32 on a CPU, so that a

@@ -241,13 +241,12 @@ class IsotonicCalibration(Calibrator):
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
-        if self.mode == "one_vs_rest":
-            fits = one_vs_rest_isotonic_knots(logits, labels)
-        else:
+        fits = one_vs_rest_isotonic_knots(logits, labels) if self.mode == "one_vs_rest" else None
+        if fits is None:  # top-label, or one-vs-rest with classes too unbalanced for the gap tables
             probs = torch.softmax(logits.double(), dim=1)
-            scores, targets = _scores(probs, self.mode)[0], _targets(probs, labels, self.mode)[0]
-            fits = [_isotonic_knots(scores.cpu().numpy(), targets.cpu().numpy())]
-        length = max(len(x) for x, _ in fits)
+            scores, targets = _scores(probs, self.mode).cpu().numpy(), _targets(probs, labels.to(probs.device), self.mode).cpu().numpy()
+            fits = [_isotonic_knots(score, target) for score, target in zip(scores, targets)]
+        length = max(2, max(len(x) for x, _ in fits))  # one distinct score gives one knot; the format needs two
         knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
         knots_y = np.stack([np.pad(y, (0, length - len(y)), mode="edge") for _, y in fits])
         self.knots_x = torch.from_numpy(knots_x).to(self.knots_x.device)

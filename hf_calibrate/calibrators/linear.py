@@ -10,7 +10,9 @@ ODIR ("off-diagonal and intercept regularisation") adds
 default): no single value suits both 10 and 1,000 classes (a mean over C(C−1) entries needs a far larger λ to
 restrain a 1000×1000 W fitted on a few thousand samples).
 Each map starts at the temperature-scaling optimum (a = 1/T, W = I/T, b = 0; for Dirichlet
-softmax(β·log p) = softmax(β·z), so W = βI is TS too), so the fit starts where TS ends: vector
+softmax(β·log p) = softmax(β·z), so W = βI is TS too), so the fit starts where TS ends (along
+the λ path, each candidate starts at the previous one's optimum and the refit at the chosen
+one's): vector
 scaling by block-Newton steps (:mod:`.vector_newton`), matrix and Dirichlet by L-BFGS
 (:mod:`.lbfgs`: a time warning before a long fit, a progress bar, Ctrl-C keeps the best state).
 None of these maps is guaranteed to keep the argmax: per-class scales and biases can
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -112,7 +115,7 @@ class ODIROptions:
         require(self.l2 is not None or self.holdout_fraction > 0, "holdout_fraction", self.holdout_fraction,
                 "> 0 to select l2 on held-out data (or pass l2=<value>)")
         require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
-        self.l2_grid = tuple(float(v) for v in self.l2_grid)
+        self.l2_grid = tuple(dict.fromkeys(float(v) for v in self.l2_grid))  # each λ once
 
 
 class VectorScaling(_LinearLogitMap):
@@ -182,27 +185,29 @@ class MatrixScaling(_LinearLogitMap):
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> Dict[str, Any]:
         work = logits.detach().to(_work_dtype(logits))
-        start = self.initial_parameters(fit_inverse_temperature(work, labels)[0], work.dtype, work.device)
-        self._warn_if_long(work, labels, start, options)
+        self._warn_if_long(work, labels, options)
         summary: Dict[str, Any] = {"l2": options.l2}
         if options.l2 is None:
             summary, start = self._select_strength(work, labels, options)
-            if summary.pop("interrupted"):  # keep the best candidate, fitted on the selection's part
-                self._store(start)
-                return {**summary, "interrupted": "during the l2 selection: the best candidate so far is kept, not refitted on all data"}
+        else:
+            start = self.initial_parameters(fit_inverse_temperature(work, labels)[0], work.dtype, work.device)
+        if summary.pop("interrupted", False):  # keep the best candidate, fitted on the selection's part
+            self._store(start)
+            return {**summary, "interrupted": _interrupted(self.method, "during the l2 selection: the best candidate so far "
+                                                           "is kept, fitted on the selection's part, not refitted on all data")}
         parameters, fit = self._fit_parameters(work, labels, start, summary["l2"], options.max_iter, f"{self.method} fit")
         self._store(parameters)
         if fit.pop("interrupted"):
-            fit["interrupted"] = "during the fit: the best state so far is kept"
+            fit["interrupted"] = _interrupted(self.method, "during the fit: the best state so far is kept")
         return {**fit, **summary}
 
-    def _warn_if_long(self, logits: torch.Tensor, labels: torch.Tensor, start: Dict[str, torch.Tensor], options: ODIROptions) -> None:
+    def _warn_if_long(self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions) -> None:
         """Warn with :meth:`cost_bound` before a fit that may take long (only large ones are timed)."""
         if not fit_context().announce or logits.shape[0] * logits.shape[1] ** 2 < lbfgs.TIME_FROM_WORK:
             return
         advice = "Pass l2=<value> to skip the selection of l2, or use vector or temperature scaling (seconds)."
         what = f"{self.method} on {logits.shape[0]:,} x {logits.shape[1]:,} logits"
-        lbfgs.warn_if_long(what, self.cost_bound(logits, labels, options, start), advice)
+        lbfgs.warn_if_long(what, self.cost_bound(logits, labels, options), advice)
 
     def cost_bound(
         self, logits: torch.Tensor, labels: torch.Tensor, options: ODIROptions, start: Optional[Dict[str, torch.Tensor]] = None,
@@ -254,6 +259,12 @@ class MatrixScaling(_LinearLogitMap):
             raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.")
         order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(device)
         return order[:holdout], order[holdout:]
+
+
+def _interrupted(method: str, what: str) -> str:
+    """Say (a warning) that Ctrl-C stopped a fit early, and return ``what`` for the fit summary."""
+    warnings.warn(f"{method}: interrupted (Ctrl-C) {what}; the fit summary records this.", stacklevel=4)
+    return what
 
 
 class DirichletCalibration(MatrixScaling):
