@@ -244,7 +244,7 @@ class IsotonicCalibration(Calibrator):
         fits = one_vs_rest_isotonic_knots(logits, labels) if self.mode == "one_vs_rest" else None
         if fits is None:  # top-label, or one-vs-rest with classes too unbalanced for the gap tables
             probs = torch.softmax(logits.double(), dim=1)
-            scores, targets = _scores(probs, self.mode).cpu().numpy(), _targets(probs, labels.to(probs.device), self.mode).cpu().numpy()
+            scores, targets = _scores(probs, self.mode).cpu().numpy(), _targets(probs, labels, self.mode).cpu().numpy()
             fits = [_isotonic_knots(score, target) for score, target in zip(scores, targets)]
         length = max(2, max(len(x) for x, _ in fits))  # one distinct score gives one knot; the format needs two
         knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
