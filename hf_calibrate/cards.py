@@ -124,8 +124,9 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     metric = record["options"].get("select_metric", "ece")
     baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
     if summary.get("fell_back_to_temperature_scaling"):
+        scaling = summary["temperature_scaling"]
         text = (f"δ did not beat temperature scaling (held-out {metric} {_fmt(baseline)}), so the fit fell back to "
-                f"temperature scaling (δ = 0, T = {_fmt(summary['temperature_scaling']['temperature'])}).")
+                f"temperature scaling (δ = 0, T = {_fmt(scaling.get('fallback_temperature', scaling['temperature']))}).")
     else:
         chosen = summary["selected"]
         text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}, epoch {chosen['epoch']} of {summary['epochs']}: "

@@ -455,6 +455,9 @@ def test_unknown_methods_and_options_are_named():
         ({"holdout_fraction": 1.0}, "option holdout_fraction must be in"),
         ({"select_metric": "accuracy"}, "option select_metric must be one of"),
         ({"augment": "yes"}, "augment must be True or False or a callable"),
+        ({"temperature_init": 0}, "option temperature_init must be \"ts\" or a positive number"),
+        ({"temperature_init": "one"}, "option temperature_init must be \"ts\" or a positive number"),
+        ({"temperature_init": float("inf")}, "option temperature_init must be"),
     ],
 )
 def test_neural_clamping_options_are_validated(options, message):
@@ -468,3 +471,27 @@ def test_neural_clamping_grids_and_defaults():
     assert options.gamma == (0.0, 1.0, 2.0) and options.delta_weight == (0.05,)
     defaults = NeuralClamping.Options()
     assert (defaults.lr, defaults.momentum, defaults.gamma, defaults.delta_weight) == (0.01, 0.9, (1.0,), (0.01,))
+
+
+def test_neural_clamping_starts_at_the_given_temperature_and_falls_back_to_the_temperature_fit():
+    """``temperature_init`` sets T's start (the authors' code starts at 1). A start so far off that NC
+    cannot beat TS on the held-out NLL (T = 1000, one tiny step: uniform predictions) falls back to
+    δ = 0 and to exactly the temperature method's T on the same data — fitted on all of it, not only
+    on the fitting part. (On held-out ECE the uniform predictions would win: ECE ≈ 0 when the
+    accuracy is about 1/C, which is why NLL is the default selection criterion.)"""
+    import _tiny_models as tm
+
+    from hf_calibrate import CalibratedModel
+
+    base = tm.tiny_timm(0)
+    data = tm.image_data(base, 96, sharpness=8.0)  # informative labels: TS beats uniform predictions held out
+    started = tm.fit(base, data, "neural_clamping", temperature_init=2.5, lr=1e-12, epochs=1)
+    assert started.fit_summary["history"][0]["temperature"] == pytest.approx(2.5, rel=1e-6)
+    fallback = tm.fit(base, data, "neural_clamping", temperature_init=1000.0, lr=1e-12, epochs=1, holdout_fraction=0.25,
+                      select_metric="nll")
+    summary = fallback.fit_summary
+    assert summary["fell_back_to_temperature_scaling"] and torch.count_nonzero(fallback.calibrator.delta) == 0
+    temperature = CalibratedModel.fit(base, data, method="temperature", progress=False, batch_size=32)
+    assert float(fallback.calibrator.temperature) == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
+    assert summary["temperature_scaling"]["fallback_temperature"] == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
+    assert summary["temperature_scaling"]["temperature"] != pytest.approx(summary["temperature_scaling"]["fallback_temperature"], rel=1e-4)

@@ -107,6 +107,22 @@ def test_card_without_evaluation_has_no_model_index(tmp_path):
     assert not (tmp_path / "model" / DIAGRAM_FILE).exists()
 
 
+def test_card_states_the_neural_clamping_selection_and_its_fallback(tmp_path):
+    """A fit that fell back to TS says so, with the criterion and the temperature it kept (the
+    temperature method's fit on all the calibration data)."""
+    from hf_calibrate.cards import _fmt
+
+    base = tm.tiny_timm(0)
+    fallback = tm.fit(base, tm.image_data(base, 96, sharpness=8.0), "neural_clamping", temperature_init=1000.0, lr=1e-12,
+                      epochs=1, holdout_fraction=0.25)
+    assert fallback.fit_summary["fell_back_to_temperature_scaling"]
+    fallback.save_pretrained(tmp_path / "model")
+    text = ModelCard.load(tmp_path / "model" / "README.md").text
+    kept = fallback.fit_summary["temperature_scaling"]["fallback_temperature"]
+    assert "did not beat temperature scaling (held-out nll" in text and f"T = {_fmt(kept)})" in text
+    assert float(fallback.calibrator.temperature) == pytest.approx(kept, rel=1e-6)
+
+
 def test_no_base_model_metadata_without_a_hub_id(tmp_path):
     base = tm.tiny_vit()  # built from a config: no hub id
     tm.fit(base, tm.image_data(base), "temperature").save_pretrained(tmp_path / "model")

@@ -108,6 +108,84 @@ def test_vtst_predictions_are_fixed_and_mean_mode_is_deterministic(heads, proble
     vtst.calibrator.head_module.prediction = "sample"
 
 
+def test_vtst_mean_and_variance_come_from_separate_branches(heads):
+    """The authors' layout: two Linear(d→3Z) → ReLU → Linear(3Z→Z) branches (μ and log σ²) and
+    Linear(Z→C); changing the variance branch leaves μ unchanged."""
+    _, _, fitted = heads
+    calibrator = fitted["vtst"].calibrator
+    d, z, c = calibrator.feature_dim, calibrator.latent_dim, calibrator.num_classes
+    branch = d * 3 * z + 3 * z + 3 * z * z + z
+    assert sum(p.numel() for p in calibrator.head_module.parameters()) == 2 * branch + z * c + c
+    head = calibrator.head_module
+    features = torch.randn(5, d)
+    with torch.no_grad():
+        mean, log_variance = head.encode(features)
+        saved = [p.clone() for p in head.variance_encoder.parameters()]
+        for parameter in head.variance_encoder.parameters():
+            parameter.add_(1.0)
+        moved_mean, moved_log_variance = head.encode(features)
+        for parameter, value in zip(head.variance_encoder.parameters(), saved):
+            parameter.copy_(value)
+    assert torch.equal(mean, moved_mean) and not torch.equal(log_variance, moved_log_variance)
+    assert bool((log_variance <= 0).all())  # σ² ≤ 1
+
+
+def test_vtst_saved_with_a_shared_hidden_layer_loads_as_saved(problem, tmp_path):
+    """Records written before the two-branch layout have no ``shared_hidden`` key; they load with
+    the shared hidden layer they were trained with and predict exactly as before."""
+    import json
+
+    import hf_calibrate.serialization as serialization
+
+    model = overconfident_classifier()
+    fitted = CalibratedModel.fit(model, problem["train"], method="vtst", validation_data=problem["validation"], epochs=2, progress=False)
+    old = VariationalTwoStageHead(4, 32, latent_dim=fitted.calibrator.latent_dim, shared_hidden=True)
+    old.head_module.noise.copy_(fitted.calibrator.head_module.noise)
+    old.classifier, old.is_fitted = fitted.calibrator.classifier, True
+    fitted.calibrator = old
+    fitted.save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "calibration_config.json").read_text())
+    assert record["calibrator"].pop("shared_hidden") is True
+    (tmp_path / "calibration_config.json").write_text(json.dumps(serialization.seal_record(record)))
+    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=model)
+    assert loaded.calibrator.shared_hidden and hasattr(loaded.calibrator.head_module, "hidden")
+    x = problem["test"].tensors[0][:16]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), fitted(x), rtol=0, atol=0)
+
+
+def test_vtst_record_with_a_non_boolean_layout_flag_is_refused(heads, tmp_path):
+    import json
+
+    import hf_calibrate.serialization as serialization
+    from hf_calibrate.serialization import ArtifactError
+
+    _, _, fitted = heads
+    fitted["vtst"].save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "calibration_config.json").read_text())
+    record["calibrator"]["shared_hidden"] = "no"
+    (tmp_path / "calibration_config.json").write_text(json.dumps(serialization.seal_record(record)))
+    with pytest.raises(ArtifactError, match="shared_hidden.*true or false"):
+        CalibratedModel.from_pretrained(tmp_path, base_model=fitted["vtst"].base_model)
+
+
+def test_default_schedule_says_when_the_head_is_still_improving(problem):
+    """At a tiny learning rate the validation NLL falls at every epoch: the summary says so, and a
+    warning (pointing at this file) advises more epochs — only when the default chose the epochs."""
+    model = overconfident_classifier()
+    small = TensorDataset(*(t[:256] for t in problem["train"].tensors))
+    with pytest.warns(UserWarning, match=r"still falling.*Pass epochs=") as caught:
+        fitted = CalibratedModel.fit(model, small, method="tst", validation_data=problem["validation"], lr=1e-6, progress=False)
+    assert fitted.fit_summary["still_improving"] and fitted.fit_summary["best_epoch"] == fitted.fit_summary["epochs_run"]
+    assert any(warning.filename == __file__ for warning in caught)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        explicit = CalibratedModel.fit(model, small, method="tst", validation_data=problem["validation"], lr=1e-6, epochs=3, progress=False)
+    assert explicit.fit_summary["still_improving"]
+
+
 def test_mac_cal_controller_direction():
     options = MaskedClassifierHead.Options(initial_retention=0.8, min_retention=0.3, controller_gain=2.0)
     assert MaskedClassifierHead.next_retention(0.8, 0.05, options) == pytest.approx(0.7)  # over-confident → sparser

@@ -7,8 +7,9 @@ split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.
 * **TST** (Jordahn & Olmos, ICML 2024; arXiv 2405.01196): Linear(d→3Z) → ReLU →
   Linear(3Z→Z) → Linear(Z→C), cross-entropy, Adam 1e-4, ~40 epochs, the epoch with the
   lowest validation NLL is kept.
-* **V-TST**: the Z-layer is variational — μ and log σ² heads (log σ² = logsigmoid(·), so
-  σ² ≤ 1), prior N(0, I), z = μ + σ·ε, loss CE + KL/Z. Predictions average the softmax over
+* **V-TST**: the Z-layer is variational — μ and log σ² from two independent
+  Linear(d→3Z) → ReLU → Linear(3Z→Z) branches (log σ² = logsigmoid(·), so σ² ≤ 1), as in the
+  authors' code; prior N(0, I), z = μ + σ·ε, loss CE + KL/Z with one sample per step. Predictions average the softmax over
   M samples. The M noise vectors ε_m ∈ R^Z are drawn once at fit time from the seed and
   stored, so a sample's prediction does not depend on its batch and survives save/load;
   ``prediction="mean"`` uses z = μ instead.
@@ -29,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +50,13 @@ class HeadOptions:
     Attributes:
         epochs: passes over the cached training features (default None: the paper's 40, or
             more on a small training set, so that the head gets at least 2,000 Adam steps — the
-            paper's 40 epochs over 50,000 images are ~15,000 steps; 40 epochs of a few hundred
-            calibration rows would leave a freshly initialised head far from converged).
+            authors' 40 epochs at batch 256 over CIFAR-10's 40,000 training images are ~6,250
+            steps; 40 epochs of a few hundred calibration rows would be ~80 steps and leave a
+            freshly initialised head far from converged). When the best validation epoch is the
+            last one, the fit summary says ``"still_improving": True`` (with a warning when
+            the epochs were chosen by this default).
         lr: Adam learning rate (default 1e-4, the TST paper's).
-        head_batch_size: feature rows per Adam step (default 128).
+        head_batch_size: feature rows per Adam step (default 256, the authors' code's).
         weight_decay: Adam weight decay (default 0).
         patience: stop after this many epochs without a better validation NLL (default None:
             run every epoch; the best epoch is kept either way).
@@ -69,7 +73,7 @@ class HeadOptions:
 
     epochs: Optional[int] = None
     lr: float = 1e-4
-    head_batch_size: int = 128
+    head_batch_size: int = 256
     weight_decay: float = 0.0
     patience: Optional[int] = None
     temperature: bool = False
@@ -167,19 +171,36 @@ class TwoStageHead(HeadCalibrator):
         return {**super().config(), "latent_dim": self.latent_dim}
 
 
+def _encoder(feature_dim: int, latent_dim: int) -> nn.Sequential:
+    """Linear(d→3Z) → ReLU → Linear(3Z→Z): one branch of the V-TST encoder."""
+    return nn.Sequential(nn.Linear(feature_dim, 3 * latent_dim), nn.ReLU(), nn.Linear(3 * latent_dim, latent_dim))
+
+
 class _VariationalHead(nn.Module):
-    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int, samples: int, prediction: str) -> None:
+    """μ and log σ² from two independent branches, as in the authors' code. ``shared_hidden=True``
+    is the layout of records saved before 2026-12 (one hidden layer feeding both heads)."""
+
+    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int, samples: int, prediction: str,
+                 shared_hidden: bool = False) -> None:
         super().__init__()
-        self.hidden = nn.Linear(feature_dim, 3 * latent_dim)
-        self.mean = nn.Linear(3 * latent_dim, latent_dim)
-        self.log_variance = nn.Linear(3 * latent_dim, latent_dim)
+        self.shared_hidden = shared_hidden
+        if shared_hidden:
+            self.hidden = nn.Linear(feature_dim, 3 * latent_dim)
+            self.mean = nn.Linear(3 * latent_dim, latent_dim)
+            self.log_variance = nn.Linear(3 * latent_dim, latent_dim)
+        else:
+            self.mean_encoder = _encoder(feature_dim, latent_dim)
+            self.variance_encoder = _encoder(feature_dim, latent_dim)
         self.classifier = nn.Linear(latent_dim, num_classes)
         self.prediction = prediction
         self.register_buffer("noise", torch.zeros(samples, latent_dim))
 
-    def encode(self, features: torch.Tensor):
-        hidden = F.relu(self.hidden(features))
-        return self.mean(hidden), F.logsigmoid(self.log_variance(hidden))
+    def encode(self, features: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """μ (N, Z) and log σ² (N, Z), with log σ² = logsigmoid(·) ≤ 0 (σ² ≤ 1)."""
+        if self.shared_hidden:
+            hidden = F.relu(self.hidden(features))
+            return self.mean(hidden), F.logsigmoid(self.log_variance(hidden))
+        return self.mean_encoder(features), F.logsigmoid(self.variance_encoder(features))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Log of the predictive probabilities (mean softmax over the stored noise samples)."""
@@ -217,17 +238,25 @@ class VariationalTwoStageHead(HeadCalibrator):
             require(self.samples >= 1, "samples", self.samples, "a positive integer")
             require(self.prediction in PREDICTIONS, "prediction", self.prediction, f"one of {PREDICTIONS}")
 
-    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample") -> None:
+    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample",
+                 shared_hidden: bool = False) -> None:
         super().__init__(num_classes, feature_dim)
         self.latent_dim, self.samples, self.prediction = int(latent_dim), int(samples), prediction
-        self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction)
+        self.shared_hidden = bool(shared_hidden)
+        self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction, self.shared_hidden)
 
     @classmethod
     def create(cls, num_classes: int, options: Any, **facts: Any) -> "VariationalTwoStageHead":
         return cls(num_classes, facts["feature_dim"], options.latent_dim, options.samples, options.prediction)
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "VariationalTwoStageHead":
+        # records saved before 2026-12 have no "shared_hidden": their μ and log σ² shared one hidden layer
+        return cls(**{"shared_hidden": True, **config})
+
     def config(self) -> Dict[str, Any]:
-        return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction}
+        return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction,
+                "shared_hidden": self.shared_hidden}
 
     def draw_noise(self, generator: torch.Generator) -> None:
         """Fix the M noise vectors used at prediction time."""

@@ -27,7 +27,7 @@ from torch import nn
 from .base import Calibrator, check_fields, require
 
 DELTA_INITS = ("zero", "gradient", "random")
-SELECT_METRICS = ("ece", "ada_ece", "nll", "brier")
+SELECT_METRICS = ("nll", "ece", "ada_ece", "brier")
 
 
 def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reduction: str = "mean") -> torch.Tensor:
@@ -40,6 +40,10 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reducti
     if reduction == "none":
         return losses
     return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _as_grid(value: Union[float, Sequence[float]], name: str) -> Tuple[float, ...]:
@@ -70,14 +74,19 @@ class NeuralClamping(Calibrator):
                 data-driven rule: the mean over the data of ∂ Σ_k f_k(x + δ)/T / ∂δ at δ = 0) or
                 ``"random"`` (N(0, delta_init_scale²), as in the authors' demo).
             delta_init_scale: standard deviation for ``delta_init="random"`` (default 0.001).
+            temperature_init: T's starting point: ``"ts"`` (default; the TS optimum of the
+                fitting part, so that δ = 0 starts exactly at TS) or a positive number (the
+                authors' code starts at 1.0). T is optimised as log T either way.
             augment: image augmentation during the fit: False (default), True (random crop
                 with 1/8 padding, horizontal flip, cutout of 1/8 side — the reference's CIFAR
                 recipe), or a callable ``(pixel_values, generator) -> pixel_values``.
             holdout_fraction: share of the calibration data held out to select the epoch,
                 γ and λ, and to fall back to TS (δ = 0) when δ does not help (default 0.2;
                 0 trains on everything and keeps the last epoch).
-            select_metric: held-out criterion, one of ``"ece"`` (default), ``"ada_ece"``,
-                ``"nll"``, ``"brier"``.
+            select_metric: held-out criterion, one of ``"nll"`` (default), ``"ece"``,
+                ``"ada_ece"``, ``"brier"``. NLL is a proper scoring rule; binned ECE is not
+                (predicting the class frequencies scores ECE ≈ 0) and, on the ~100-row
+                hold-outs of typical calibration sets, moves by ~0.01 per sample.
             eval_every: evaluate on the held-out part every this many epochs (default None:
                 about 20 evaluations per run, and always after the last epoch).
             n_bins: bins of the held-out ECE (default 15).
@@ -90,9 +99,10 @@ class NeuralClamping(Calibrator):
         delta_weight: Union[float, Sequence[float]] = 0.01
         delta_init: str = "zero"
         delta_init_scale: float = 0.001
+        temperature_init: Union[str, float] = "ts"
         augment: Union[bool, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = False
         holdout_fraction: float = 0.2
-        select_metric: str = "ece"
+        select_metric: str = "nll"
         eval_every: Optional[int] = None
         n_bins: int = 15
 
@@ -109,6 +119,8 @@ class NeuralClamping(Calibrator):
             require(self.eval_every is None or self.eval_every >= 1, "eval_every", self.eval_every, "a positive integer or None")
             require(self.n_bins >= 1, "n_bins", self.n_bins, "a positive integer")
             require(self.delta_init_scale >= 0, "delta_init_scale", self.delta_init_scale, "a non-negative number")
+            require(isinstance(self.temperature_init, str) and self.temperature_init == "ts" or _is_positive_number(self.temperature_init), "temperature_init",
+                    self.temperature_init, '"ts" or a positive number')
 
     def __init__(self, num_classes: int, delta_shape: Sequence[int], delta_space: str = "pixel_values") -> None:
         super().__init__(num_classes)

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import _distributed
+from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
 from ..calibrators.temperature import fit_inverse_temperature
@@ -170,11 +171,21 @@ def fit_head(
         "trained_on": train.description, "validated_on": validation.description if validation is not train else
         f"{len(validation_indices)} held-out samples of the training data", "train_samples": len(train_indices),
         "validation_samples": len(validation_indices), "best_epoch": best_epoch, "epochs_run": len(history),
-        "best_validation_nll": best_nll, "classifier": calibrator.classifier, "history": history,
+        "best_validation_nll": best_nll, "still_improving": best_epoch == len(history),
+        "classifier": calibrator.classifier, "history": history,
     }
+    if summary["still_improving"] and options.epochs is None and len(history) > 1:
+        _warn_still_improving(calibrator.method, best_epoch, options)
     if options.temperature:
         summary["temperature"] = _fit_temperature(backbone, calibrator, temperature_data, (val_features, val_labels), engine)
     return summary
+
+
+def _warn_still_improving(method: str, epochs: int, options: Any) -> None:
+    warn_user(
+        f"{method}: the validation NLL was still falling at the last of the default {epochs} epochs, so the head may be "
+        f"under-trained. Pass epochs={2 * epochs} (or a larger lr than {options.lr:g}) to train it longer."
+    )
 
 
 def _prepare_head(backbone: Backbone, calibrator: HeadCalibrator, options: Any, engine: Engine) -> torch.Generator:

@@ -7,11 +7,14 @@ parameter gradients (the reference code computes and discards them).
 Procedure (docs/design.md §3.2):
 1. split the calibration data into a fitting part and a held-out part (``holdout_fraction``);
 2. one forward pass caches the base logits of both; T starts at the TS optimum of the
-   fitting part, and TS's held-out score is the baseline;
+   fitting part (or at ``temperature_init``), and the held-out score (NLL by default) of that
+   TS is the baseline;
 3. for every (γ, λ) of the grid, SGD from the same start; the held-out score is taken every
    ``eval_every`` epochs and after the last; the best (γ, λ, epoch) snapshot is kept;
 4. the snapshot replaces TS only if its held-out score is strictly better — otherwise δ = 0
-   and T = T_TS. On the selection split NC is therefore never worse than TS.
+   and T is the TS optimum of all the calibration data (fitting and held-out parts: exactly
+   what the ``temperature`` method fits). On the selection split NC is therefore never worse
+   than TS fitted without that split.
 """
 
 from __future__ import annotations
@@ -126,11 +129,15 @@ def _fit(
         fit_indices, holdout_indices = torch.arange(len(data)), torch.arange(len(validation))
     fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
-    start_log_t = torch.tensor(-math.log(beta), device=device)
+    fallback_log_t = torch.tensor(-math.log(beta), device=device)
+    start_log_t = _start_log_temperature(options, fallback_log_t)
     has_holdout = len(holdout_indices) > 0
     if has_holdout:
         holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, holdout_indices, description="base logits (held-out part)")
         baseline = _score(holdout_logits * beta, holdout_labels, options.select_metric, options.n_bins)
+        if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
+            all_beta, _ = fit_inverse_temperature(torch.cat([fit_logits, holdout_logits]), torch.cat([fit_labels, holdout_labels]))
+            fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
     steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
     epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
     eval_every = options.eval_every or max(1, epochs // DEFAULT_EVALUATIONS)
@@ -173,9 +180,10 @@ def _fit(
             calibrator.log_temperature.copy_(best.log_temperature)
         else:
             calibrator.delta.zero_()
-            calibrator.log_temperature.copy_(start_log_t)
+            calibrator.log_temperature.copy_(fallback_log_t)
     if has_holdout:
         summary["temperature_scaling"][f"holdout_{options.select_metric}"] = baseline
+        summary["temperature_scaling"]["fallback_temperature"] = float(fallback_log_t.exp())
     summary["selected"] = best.record if use_delta else {"fallback": "temperature_scaling"}
     summary["fell_back_to_temperature_scaling"] = not use_delta
     return summary
@@ -227,6 +235,13 @@ def _train_epoch(
         total += step_loss
         bar.update(1)
     return total / len(global_batches)
+
+
+def _start_log_temperature(options: Any, ts_log_t: torch.Tensor) -> torch.Tensor:
+    """log T's starting point: the TS optimum of the fitting part, or ``options.temperature_init``."""
+    if isinstance(options.temperature_init, str):
+        return ts_log_t
+    return torch.full_like(ts_log_t, math.log(options.temperature_init))
 
 
 def _initial_delta(

@@ -63,6 +63,10 @@ def _text(max_length: int = 256, pattern: str = r"[^\x00-\x1f]*") -> Check:
     return check
 
 
+def _boolean(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
 def _choice(*allowed: str) -> Check:
     return lambda value: None if isinstance(value, str) and value in allowed else f"must be one of {list(allowed)}"
 
@@ -196,6 +200,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "calibrator.latent_dim": Field(_integer(1, 1_000_000)),
     "calibrator.samples": Field(_integer(1, 10_000)),
     "calibrator.prediction": Field(_choice("sample", "mean")),
+    "calibrator.shared_hidden": Field(_boolean),
     "options": Field(_json_object(), 1),
     "base_model": Field(_mapping, 1),
     "base_model.library": Field(_choice("timm", "transformers", "torch"), 1),
