@@ -11,12 +11,19 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import MaskedClassifierHead, VariationalTwoStageHead
 from hf_calibrate.fitting import FeatureStore
 from hf_calibrate.serialization import weights_fingerprint
 
 HEADS = ("tst", "vtst", "mac_cal")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with tm.torch_threads(1):
+        yield
 
 
 def mixture(n: int, seed: int, classes: int = 4, dim: int = 8):
@@ -169,20 +176,25 @@ def test_vtst_record_with_a_non_boolean_layout_flag_is_refused(heads, tmp_path):
         CalibratedModel.from_pretrained(tmp_path, base_model=fitted["vtst"].base_model)
 
 
-def test_default_schedule_says_when_the_head_is_still_improving(problem):
+def test_default_schedule_says_when_the_head_is_still_improving(problem, monkeypatch):
     """At a tiny learning rate the validation NLL falls at every epoch: the summary says so, and a
-    warning (pointing at this file) advises more epochs — only when the default chose the epochs."""
+    warning (pointing at this file) advises more epochs — only when the default chose the epochs.
+    (The default's step budget is shrunk to keep the test short: its subject is the warning.)"""
+    import hf_calibrate.calibrators.heads as heads_module
+
+    monkeypatch.setattr(heads_module, "DEFAULT_EPOCHS", 5)
+    monkeypatch.setattr(heads_module, "MIN_DEFAULT_STEPS", 12)
     model = overconfident_classifier()
-    small = TensorDataset(*(t[:256] for t in problem["train"].tensors))
     with pytest.warns(UserWarning, match=r"still falling.*Pass epochs=") as caught:
-        fitted = CalibratedModel.fit(model, small, method="tst", validation_data=problem["validation"], lr=1e-6, progress=False)
+        fitted = CalibratedModel.fit(model, problem["train"], method="tst", validation_data=problem["validation"], lr=1e-6, progress=False)
     assert fitted.fit_summary["still_improving"] and fitted.fit_summary["best_epoch"] == fitted.fit_summary["epochs_run"]
     assert any(warning.filename == __file__ for warning in caught)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        explicit = CalibratedModel.fit(model, small, method="tst", validation_data=problem["validation"], lr=1e-6, epochs=3, progress=False)
+        explicit = CalibratedModel.fit(model, problem["train"], method="tst", validation_data=problem["validation"], lr=1e-6, epochs=3,
+                                       progress=False)
     assert explicit.fit_summary["still_improving"]
 
 
