@@ -182,9 +182,10 @@ def test_cache_records_the_machine_it_was_trained_on(demo: DemoModel) -> None:
 def test_a_cache_from_another_machine_is_reported() -> None:
     here = zoo.machine_provenance()
     assert zoo.provenance_differences({"provenance": here}) == {}
-    elsewhere = dict(here, cpu_capability="AVX512", torch_threads=here["torch_threads"] + 3)
+    other_capability = f"not-{here['cpu_capability']}"  # differs on every machine (this one may have AVX512)
+    elsewhere = dict(here, cpu_capability=other_capability, torch_threads=here["torch_threads"] + 3)
     assert zoo.provenance_differences({"provenance": elsewhere}) == {
-        "cpu_capability": ("AVX512", here["cpu_capability"]),
+        "cpu_capability": (other_capability, here["cpu_capability"]),
         "torch_threads": (here["torch_threads"] + 3, here["torch_threads"]),
     }
     assert set(zoo.provenance_differences({})) == set(here)  # a cache that recorded nothing: all unknown
