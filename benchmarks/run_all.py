@@ -9,6 +9,7 @@ full run):
 * ``inference``  — ``bench_inference.py`` (CalibratedModel inference overhead);
 * ``logit_fits`` — ``bench_logit_fits.py`` (logit-space fit times on 50k × 1000 logits);
 * ``head_cost``  — ``bench_head_cost.py`` (head retraining cost vs one backbone pass);
+* ``intervals``  — ``bench_intervals.py`` (bootstrap interval coverage on synthetic data);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
 Afterwards (full runs) ``benchmarks/results/README.md`` is rewritten: an index of every table
@@ -47,6 +48,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "inference": ("bench_inference.py", "speed", "CalibratedModel inference vs the base model"),
     "logit_fits": ("bench_logit_fits.py", "speed", "logit-space calibrators: fit time on 50,000 × 1,000 logits"),
     "head_cost": ("bench_head_cost.py", "speed", "head retraining: feature extraction vs per-epoch head cost"),
+    "intervals": ("bench_intervals.py", "quality", "bootstrap intervals: coverage of the truth on synthetic data"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

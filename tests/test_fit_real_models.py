@@ -32,10 +32,6 @@ NC_OPTIONS = {
     "digits_vit": dict(epochs=30, batch_size=128),
     "bbc_minilm": dict(epochs=4, batch_size=64, eval_every=1),
 }
-# Binning methods fit 15-bin frequencies on the calibration data; what is left of the in-sample
-# ECE comes from rows whose argmax the map changes and from bins the map merges. A fifth of the
-# base's ECE is a wide bound on that (the fitted frequencies make it near 0 by construction).
-BINNING_IN_SAMPLE_FACTOR = 0.2
 
 
 def _fit_options(name, demo):
@@ -125,10 +121,18 @@ def test_linear_scalings_reach_at_most_the_temperature_nll_in_sample(fitted, met
 
 @pytest.mark.parametrize("method", ("histogram", "isotonic"))
 def test_binning_methods_flatten_their_in_sample_ece(fitted, method):
+    """In sample, each group of rows the map sends to one value (a fit bin, an isotonic block) has that value
+    as its accuracy, and a group never straddles two ECE bins, so every ECE bin's gap sums to 0 — except for
+    rows whose argmax the map changes (g(c) < 1/C): each moves a gap by at most 1 where it was and where it
+    lands. One group more may be split between two ECE bins when the float64 probability the model outputs
+    for its value rounds across a bin edge (seen: the BBC isotonic map, ECE 2/N with no argmax changed). Hence
+    ECE_after ≤ 2 · (changed + 1) / N, a bound from the definition, not from one machine's model (a fifth of
+    the base's ECE, the bound before, failed on a model trained on another machine)."""
     labels = fitted["calibration_labels"]
     before, after = _in_sample(fitted, method)
-    base_ece = expected_calibration_error(before, labels, n_bins=15)
-    assert expected_calibration_error(after, labels, n_bins=15) <= BINNING_IN_SAMPLE_FACTOR * base_ece, (fitted["name"], method)
+    changed = int((after.argmax(1) != before.argmax(1)).sum())
+    bound = 2 * (changed + 1) / len(labels) + 1e-9
+    assert expected_calibration_error(after, labels, n_bins=15) <= bound, (fitted["name"], method, changed)
 
 
 def test_neural_clamping_never_worse_than_ts_on_selection_split(fitted):

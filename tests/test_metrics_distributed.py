@@ -1,4 +1,8 @@
-"""CalibrationMetrics across 2 CPU processes (torchrun, gloo; see ``tests/_launch.py``) equals one process on all data."""
+"""CalibrationMetrics across 2 CPU processes (torchrun, gloo; see ``tests/_launch.py``) equals one process on all data.
+
+One torchrun launch serves every test of the module (fixture ``ranks``): starting the processes
+costs more than the work.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,13 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-from hf_calibrate.metrics import CalibrationMetrics, calibration_report
+from hf_calibrate.metrics import (
+    CalibrationMetrics,
+    bootstrap_intervals,
+    calibration_report,
+    paired_bootstrap_intervals,
+    paired_intervals,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,6 +44,40 @@ def make_data() -> Tuple[torch.Tensor, torch.Tensor]:
     probs[50:100] = 1.0 / NUM_CLASSES  # ties, all-equal confidence
     labels = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return probs, labels
+
+
+# Bootstrap (docs/design.md §2, "Intervals"): few replicates suffice to compare; smECE costs one
+# bandwidth search per replicate, so it runs in one scenario only (the strided shards).
+BOOTSTRAP = {"bootstrap": 12, "seed": 5}
+INTERVAL_METRICS = ["accuracy", "ece", "mce", "rms_ce", "ada_ece", "nll", "brier"]
+PER_SAMPLE = ("ada_ece", "smooth_ece")
+
+
+def sharpened(probs: torch.Tensor) -> torch.Tensor:
+    """A second, overconfident model of the same samples (for the paired intervals)."""
+    return torch.softmax(probs.clamp(min=1e-12).log() * 2.0, dim=1)
+
+
+def _bootstrap_results(rank: int, probs: torch.Tensor, labels: torch.Tensor) -> Dict[str, dict]:
+    """Intervals (with global sample_index), paired intervals, and default indices on strided shards."""
+    results = {}
+    for name in ("uneven", "interleaved", "empty_shard"):
+        rows, batch = SCENARIOS[name][rank], SCENARIOS[name][2]
+        plain, sharp = (CalibrationMetrics(NUM_CLASSES, n_bins=N_BINS, **BOOTSTRAP) for _ in range(2))
+        counted = CalibrationMetrics(NUM_CLASSES, n_bins=N_BINS, **BOOTSTRAP)  # no sample_index
+        for start in range(0, len(rows), batch):
+            index = torch.tensor(rows[start : start + batch], dtype=torch.long)
+            plain.update(probs[index], labels[index], sample_index=index)
+            sharp.update(sharpened(probs[index]), labels[index], sample_index=index)
+            counted.update(probs[index], labels[index])
+        metrics = INTERVAL_METRICS + (["smooth_ece"] if name == "interleaved" else [])
+        results[name] = {
+            "intervals": {k: v.to_dict() for k, v in plain.intervals(metrics=metrics).items()},
+            "compute": plain.compute()["intervals"],
+            "paired": {k: v.to_dict() for k, v in paired_intervals(plain, sharp).items()},
+            "counted": {k: v.to_dict() for k, v in counted.intervals().items()},
+        }
+    return results
 
 
 def _worker(out_dir: str) -> None:
@@ -60,14 +104,21 @@ def _worker(out_dir: str) -> None:
             result["local_num_samples"] = len(rows)
             result["reliability_counts"] = metrics.reliability().counts.tolist()
             results[f"{name}/adaptive={adaptive}"] = result
+    results["bootstrap"] = _bootstrap_results(rank, probs, labels)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def test_two_processes_equal_one_process(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> List[dict]:
+    """Each process's JSON from one torchrun launch of ``_worker``."""
     from _launch import torchrun
 
-    torchrun(Path(__file__), [str(tmp_path)])
-    ranks = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(2)]
+    out_dir = tmp_path_factory.mktemp("metrics_distributed")
+    torchrun(Path(__file__), [str(out_dir)])
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_two_processes_equal_one_process(ranks: List[dict]) -> None:
     probs, labels = make_data()
     want = calibration_report(probs, labels, n_bins=N_BINS)
     want_counts = CalibrationMetrics(NUM_CLASSES, n_bins=N_BINS)
@@ -92,6 +143,40 @@ def test_two_processes_equal_one_process(tmp_path: Path) -> None:
     # AdaECE sees the same sorted sequence whatever the split: identical to the last bit
     for name in SCENARIOS:
         assert ranks[0][f"{name}/adaptive=True"]["ada_ece"] == want["ada_ece"]
+
+
+def _assert_same_intervals(got: Dict[str, dict], want: Dict[str, dict], where: str) -> None:
+    """Summed statistics agree to rounding; per-sample metrics (one canonical sequence) to the last bit."""
+    assert got.keys() == want.keys(), where
+    for metric, interval in want.items():
+        for field in ("point", "low", "high"):
+            if metric in PER_SAMPLE:
+                assert got[metric][field] == interval[field], (where, metric, field)
+            else:
+                assert got[metric][field] == pytest.approx(interval[field], rel=1e-12, abs=1e-15), (where, metric, field)
+        assert (got[metric]["replicates"], got[metric]["seed"]) == (BOOTSTRAP["bootstrap"], BOOTSTRAP["seed"])
+
+
+def test_two_processes_bootstrap_equals_one_process(ranks: List[dict]) -> None:
+    """Each process feeds its share with global sample_index: the intervals are the one-process ones."""
+    probs, labels = make_data()
+    options = {"n_bins": N_BINS, "replicates": BOOTSTRAP["bootstrap"], "seed": BOOTSTRAP["seed"]}
+
+    def as_dicts(intervals):
+        return {name: interval.to_dict() for name, interval in intervals.items()}
+
+    want = as_dicts(bootstrap_intervals(probs, labels, metrics=INTERVAL_METRICS + ["smooth_ece"], **options))
+    want_paired = as_dicts(paired_bootstrap_intervals(probs, sharpened(probs), labels, **options))
+    without_smooth = {name: want[name] for name in INTERVAL_METRICS}
+    for name in ("uneven", "interleaved", "empty_shard"):
+        for rank in range(2):
+            got = ranks[rank]["bootstrap"][name]
+            _assert_same_intervals(got["intervals"], want if name == "interleaved" else without_smooth, f"{name}/{rank}")
+            _assert_same_intervals(got["compute"], without_smooth, f"{name}/{rank}/compute")
+            _assert_same_intervals(got["paired"], want_paired, f"{name}/{rank}/paired")
+        assert ranks[0]["bootstrap"][name] == ranks[1]["bootstrap"][name]  # every process reports the same
+    # Default indices are rank + 2·count: on strided shards (DistributedSampler order) the global index.
+    _assert_same_intervals(ranks[0]["bootstrap"]["interleaved"]["counted"], without_smooth, "counted")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Functional core in :mod:`.functional`, the accumulator in :mod:`.streaming`.
 """
 
 from ._checks import EvaluateInputChecks, NonFiniteError
+from .debiased import debiased_calibration_error
 from .functional import (
     ReliabilityBins,
     accuracy,
@@ -15,20 +16,30 @@ from .functional import (
     negative_log_likelihood,
     reliability_bins,
 )
-from .streaming import CalibrationMetrics, calibration_report
+from .intervals import Interval, bootstrap_intervals, paired_bootstrap_intervals, verdict
+from .smooth import smooth_calibration_error, smooth_ece_from_confidences
+from .streaming import CalibrationMetrics, calibration_report, paired_intervals
 
 __all__ = [
     "CalibrationMetrics",
     "EvaluateInputChecks",
+    "Interval",
     "NonFiniteError",
     "ReliabilityBins",
     "accuracy",
     "adaptive_calibration_error",
+    "bootstrap_intervals",
     "brier_score",
     "calibration_report",
     "classwise_calibration_error",
+    "debiased_calibration_error",
     "expected_calibration_error",
     "maximum_calibration_error",
     "negative_log_likelihood",
+    "paired_bootstrap_intervals",
+    "paired_intervals",
     "reliability_bins",
+    "smooth_calibration_error",
+    "smooth_ece_from_confidences",
+    "verdict",
 ]

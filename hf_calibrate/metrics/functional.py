@@ -14,7 +14,7 @@ Notation (docs/design.md §2): probabilities ``p`` (N×C), labels ``y`` (N,), co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 import numpy as np
 import torch
@@ -68,18 +68,67 @@ def _equal_mass_bin_index(num_samples: int, n_bins: int, device: torch.device) -
 
 
 def _scatter_statistics(
-    bin_index: torch.Tensor, confidences: torch.Tensor, correct: torch.Tensor, n_bins: int
+    bin_index: torch.Tensor,
+    confidences: torch.Tensor,
+    correct: torch.Tensor,
+    n_bins: int,
+    weights: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    stats = torch.zeros(3, n_bins, dtype=torch.float64, device=confidences.device)
-    stats[0].scatter_add_(0, bin_index, torch.ones_like(confidences))
-    stats[1].scatter_add_(0, bin_index, confidences)
-    stats[2].scatter_add_(0, bin_index, correct)
-    return stats
+    """Per-bin (Σw, Σw·c, Σw·a) of the samples in bins ``bin_index`` (n,).
+
+    Without weights each sample counts once: shape (3, B). Weights (R, n) (float64 multiplicities)
+    give (R, 3, B): the R rows go through one bincount over R·B cells, not a loop over rows.
+    """
+    if weights is None:
+        stats = torch.zeros(3, n_bins, dtype=torch.float64, device=confidences.device)
+        stats[0].scatter_add_(0, bin_index, torch.ones_like(confidences))
+        stats[1].scatter_add_(0, bin_index, confidences)
+        stats[2].scatter_add_(0, bin_index, correct)
+        return stats
+    rows = weights.shape[0]
+    cells = (torch.arange(rows, device=bin_index.device)[:, None] * n_bins + bin_index).reshape(-1)
+    masses = (weights if values is None else weights * values for values in (None, confidences, correct))
+    stats = torch.stack([torch.bincount(cells, weights=mass.reshape(-1), minlength=rows * n_bins) for mass in masses])
+    return stats.view(3, rows, n_bins).transpose(0, 1)
 
 
-def equal_width_statistics(confidences: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
-    """Per-bin (count, Σ confidence, Σ correct), shape (3, B), equal-width bins."""
-    return _scatter_statistics(equal_width_bin_index(confidences, n_bins), confidences, correct, n_bins)
+def equal_width_statistics(
+    confidences: torch.Tensor, correct: torch.Tensor, n_bins: int, weights: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Per-bin (count, Σ confidence, Σ correct), shape (3, B), equal-width bins.
+
+    With ``weights`` (R, n) — float64 sample multiplicities such as bootstrap counts — sample i
+    counts ``w_ri`` times in row r: (Σw, Σw·c, Σw·a) per bin, shape (R, 3, B).
+
+    Example:
+        >>> import torch
+        >>> c, a = torch.tensor([0.2, 0.9], dtype=torch.float64), torch.tensor([0.0, 1.0], dtype=torch.float64)
+        >>> equal_width_statistics(c, a, 2, weights=torch.tensor([[1.0, 2.0]], dtype=torch.float64)).tolist()
+        [[[1.0, 2.0], [0.2, 1.8], [0.0, 2.0]]]
+    """
+    return _scatter_statistics(equal_width_bin_index(confidences, n_bins), confidences, correct, n_bins, weights)
+
+
+def equal_mass_order(
+    confidences: torch.Tensor, correct: torch.Tensor, tiebreak: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Permutation sorting samples by confidence, ties by correctness (wrong first), then by ``tiebreak``.
+
+    Without ``tiebreak`` equal (c, a) pairs keep their input order, which cannot change an
+    unweighted statistic; with it (e.g. global sample indices) the order is total, so weighted
+    statistics are identical whatever order the samples arrived in.
+
+    Example:
+        >>> import torch
+        >>> c = torch.tensor([0.7, 0.7, 0.7, 0.5], dtype=torch.float64)
+        >>> a = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+        >>> equal_mass_order(c, a, torch.tensor([9, 8, 3, 0])).tolist()
+        [3, 2, 1, 0]
+    """
+    order = None if tiebreak is None else torch.argsort(tiebreak, stable=True)
+    for key in (correct, confidences):
+        order = torch.argsort(key, stable=True) if order is None else order[torch.argsort(key[order], stable=True)]
+    return order
 
 
 def equal_mass_statistics(confidences: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
@@ -88,10 +137,41 @@ def equal_mass_statistics(confidences: torch.Tensor, correct: torch.Tensor, n_bi
     Samples are ordered by confidence, ties broken by correctness (wrong first), so the
     result does not depend on the order of the samples.
     """
-    by_correct = torch.argsort(correct, stable=True)
-    order = by_correct[torch.argsort(confidences[by_correct], stable=True)]
+    order = equal_mass_order(confidences, correct)
     bin_index = _equal_mass_bin_index(confidences.shape[0], n_bins, confidences.device)
     return _scatter_statistics(bin_index, confidences[order], correct[order], n_bins)
+
+
+def weighted_equal_mass_statistics(
+    confidences: torch.Tensor, correct: torch.Tensor, weights: torch.Tensor, n_bins: int
+) -> torch.Tensor:
+    """Equal-mass (count, Σc, Σa) of R integer-weighted resamples, shape (R, 3, B) (docs/design.md §2).
+
+    Inputs (n,) must be in :func:`equal_mass_order`; ``weights`` (R, n) are float64 whole numbers.
+    A sample of weight w stands for w consecutive copies, so the M = Σw copies are binned exactly
+    as :func:`equal_mass_statistics` bins M samples: bin b holds copy positions [L_b, L_{b+1}),
+    L_b = b·⌊M/B⌋ + min(b, M mod B), and a sample whose copies straddle L_b is split there. Bin
+    sums are differences of the cumulative sums at the L_b: O(R·n), no copy is materialised.
+
+    Example:
+        >>> import torch
+        >>> c = torch.tensor([0.5, 0.75, 1.0], dtype=torch.float64)
+        >>> a = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+        >>> weighted_equal_mass_statistics(c, a, torch.tensor([[2.0, 0.0, 1.0]], dtype=torch.float64), 3)[0].tolist()
+        [[1.0, 1.0, 1.0], [0.5, 0.5, 1.0], [1.0, 1.0, 1.0]]
+    """
+    values = torch.stack([torch.ones_like(confidences), confidences, correct])  # (3, n)
+    cumulative = (weights * values[:, None]).cumsum_(-1)  # (3, R, n), in place: 3 values per weight
+    ends = cumulative[0]  # copies up to and including each sample, (R, n)
+    totals = ends[:, -1:]
+    edge = torch.arange(n_bins + 1, dtype=torch.float64, device=weights.device)
+    small = torch.div(totals, n_bins, rounding_mode="floor")
+    bounds = edge * small + torch.minimum(edge, totals - small * n_bins)  # L_b, (R, B+1)
+    # The sample holding copy position L_b (the last one for L_b = M), and its copies at or after L_b.
+    holder = torch.searchsorted(ends, bounds, right=True).clamp_(max=weights.shape[1] - 1)
+    after = ends.gather(1, holder) - bounds
+    at_bounds = cumulative.gather(2, holder.expand(3, -1, -1)) - after * values[:, holder]
+    return at_bounds.diff(dim=2).transpose(0, 1)
 
 
 def classwise_statistics(probs: torch.Tensor, labels: torch.Tensor, n_bins: int) -> torch.Tensor:
@@ -112,17 +192,39 @@ def classwise_statistics(probs: torch.Tensor, labels: torch.Tensor, n_bins: int)
     return stats.view(3, num_classes, n_bins)
 
 
+def _true_class_terms(chunk: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """p_{i,y_i} and −log max(p_{i,y_i}, 1e-12) of a float64 row chunk, each (n,)."""
+    p_true = chunk.gather(1, labels[:, None]).squeeze(1)
+    return p_true, p_true.clamp(min=NLL_CLAMP).log().neg_()
+
+
 def nll_and_brier_sums(probs: torch.Tensor, labels: torch.Tensor) -> Tuple[float, float]:
     """Σ_i −log max(p_{i,y_i}, 1e-12) and Σ_i Σ_k (p_ik − [y_i=k])², float64."""
     nll_sum = torch.zeros((), dtype=torch.float64, device=probs.device)
     brier_sum = torch.zeros((), dtype=torch.float64, device=probs.device)
     for chunk, chunk_labels in row_chunks(probs, labels):
         chunk = chunk.double()
-        p_true = chunk.gather(1, chunk_labels[:, None]).squeeze(1)
-        nll_sum -= p_true.clamp(min=NLL_CLAMP).log().sum()
+        p_true, nll = _true_class_terms(chunk, chunk_labels)
+        nll_sum += nll.sum()
         flat = chunk.reshape(-1)  # Σ_k p² over the chunk as one dot product: no squared copy
         brier_sum += torch.dot(flat, flat) - 2.0 * p_true.sum() + chunk.shape[0]
     return float(nll_sum), float(brier_sum)
+
+
+def nll_and_brier_terms(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-sample −log max(p_{i,y_i}, 1e-12) (nats) and Σ_k (p_ik − [y_i=k])², float64, shape (2, N).
+
+    Example:
+        >>> import torch
+        >>> nll_and_brier_terms(torch.tensor([[0.5, 0.5], [0.25, 0.75]]), torch.tensor([0, 1])).tolist()
+        [[0.6931471805599453, 0.2876820724517809], [0.5, 0.125]]
+    """
+    parts = []
+    for chunk, chunk_labels in row_chunks(probs, labels):
+        chunk = chunk.double()
+        p_true, nll = _true_class_terms(chunk, chunk_labels)
+        parts.append(torch.stack([nll, chunk.square().sum(1) - 2.0 * p_true + 1.0]))
+    return torch.cat(parts, dim=1)
 
 
 # ----------------------------------------------------------------------------- formulas
@@ -147,6 +249,51 @@ def calibration_error_from_statistics(stats: torch.Tensor, norm: Norm = "l1") ->
     if norm == "l2":
         return float((weights * gaps.square()).sum().sqrt())
     return float(gaps.max())
+
+
+def calibration_errors_from_statistics(stats: torch.Tensor, norm: Norm = "l1") -> torch.Tensor:
+    """:func:`calibration_error_from_statistics` of a batch (..., 3, B) of (weighted) statistics.
+
+    Returns a float64 tensor of shape (...): l1 = Σ_b n_b·gap_b / N, l2 = sqrt(Σ_b n_b·gap_b² / N),
+    max = max_b gap_b, NaN where N = Σ_b n_b is 0 (an empty resample). Empty bins have zero sums,
+    so their gap is 0 and changes no norm; values agree with the scalar function to rounding.
+
+    Example:
+        >>> import torch
+        >>> stats = torch.tensor([[[2.0, 0.0], [1.6, 0.0], [1.0, 0.0]], [[0.0, 0.0]] * 3], dtype=torch.float64)
+        >>> calibration_errors_from_statistics(stats, "l1").tolist()
+        [0.30000000000000004, nan]
+    """
+    counts, confidence_sums, correct_sums = stats.unbind(-2)
+    total = counts.sum(-1)
+    gaps = (correct_sums - confidence_sums).abs() / torch.where(counts > 0, counts, 1.0)
+    if norm == "max":
+        errors = gaps.amax(-1)
+    elif norm == "l1":
+        errors = (counts * gaps).sum(-1) / total
+    else:
+        errors = ((counts * gaps.square()).sum(-1) / total).sqrt()
+    return errors.masked_fill(total <= 0, float("nan"))
+
+
+def metrics_from_statistics(width: torch.Tensor, sums: torch.Tensor) -> Dict[str, float]:
+    """accuracy, ece, mce, rms_ce, nll, brier from equal-width statistics (3, B) and (Σ NLL, Σ Brier) (2,).
+
+    Example:
+        >>> import torch
+        >>> width = torch.tensor([[0.0, 2.0], [0.0, 1.6], [0.0, 1.0]], dtype=torch.float64)
+        >>> metrics_from_statistics(width, torch.tensor([1.2, 0.5], dtype=torch.float64))["accuracy"]
+        0.5
+    """
+    num_samples = int(width[0].sum())
+    return {
+        "accuracy": float(width[2].sum()) / num_samples,
+        "ece": calibration_error_from_statistics(width, "l1"),
+        "mce": calibration_error_from_statistics(width, "max"),
+        "rms_ce": calibration_error_from_statistics(width, "l2"),
+        "nll": float(sums[0]) / num_samples,
+        "brier": float(sums[1]) / num_samples,
+    }
 
 
 def classwise_error_from_statistics(stats: torch.Tensor) -> float:

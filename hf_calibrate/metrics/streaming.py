@@ -7,19 +7,24 @@ State (float64, on the device of the first batch):
     narrower inputs — and as a bool: 5 bytes per sample, upcast exactly in ``compute``).
     Full probability rows are never kept.
 
+With ``bootstrap=R`` (docs/design.md §2, "Intervals") the state also holds R Poisson-bootstrap
+replicates: weighted equal-width statistics (R, 3, B), weighted Σ NLL and Σ Brier (R, 2) and an
+int64 fingerprint of the sample indices — O(R·B) whatever N — plus, only with ``adaptive=True``,
+each sample's int64 index, so AdaECE and smECE replicates are regenerated in ``compute``.
+
 Across processes (``torch.distributed``, which Accelerate and torchrun initialise), sums are
-all-reduced and the per-sample pairs gathered when :meth:`CalibrationMetrics.compute` runs;
+all-reduced and the per-sample values gathered when :meth:`CalibrationMetrics.compute` runs;
 the local state is left untouched, so ``compute`` may be called any number of times.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from .._distributed import all_gather_variable, all_reduce_sum_, world_size
+from .._distributed import all_gather_variable, all_reduce_sum_, rank, world_size
 from ._checks import check_flag, check_n_bins, prepare_inputs
 from .functional import (
     ReliabilityBins,
@@ -28,9 +33,40 @@ from .functional import (
     classwise_statistics,
     equal_mass_statistics,
     equal_width_statistics,
+    metrics_from_statistics,
     nll_and_brier_sums,
+    nll_and_brier_terms,
     top_label,
 )
+from .intervals import (
+    DEFAULT_CONFIDENCE,
+    PER_SAMPLE_METRICS,
+    Draws,
+    Interval,
+    bootstrap_statistics,
+    check_confidence,
+    check_metrics,
+    check_replicates,
+    check_sample_index,
+    check_seed,
+    draws_from_statistics,
+    index_fingerprint,
+)
+
+
+class _State(NamedTuple):
+    """Copies of an accumulator's state, summed (and gathered) over processes when synced."""
+
+    width: torch.Tensor  # (3, B)
+    classes: torch.Tensor  # (3, C, B), C = 0 without classwise
+    sums: torch.Tensor  # (Σ NLL, Σ Brier)
+    confidences: Optional[torch.Tensor]  # (N,) float64, adaptive only
+    correct: Optional[torch.Tensor]  # (N,) float64, adaptive only
+    indices: Optional[torch.Tensor]  # (N,) int64, adaptive and bootstrap only
+    replicate_width: Optional[torch.Tensor]  # (R, 3, B), bootstrap only
+    replicate_sums: Optional[torch.Tensor]  # (R, 2), bootstrap only
+    fingerprint: Optional[torch.Tensor]  # Σ h(index), int64, bootstrap only
+
 
 class CalibrationMetrics:
     """Accumulate calibration metrics over batches, and across processes.
@@ -43,13 +79,19 @@ class CalibrationMetrics:
             with ``False`` memory is O(B·C) whatever the number of samples.
         classwise: also compute the classwise ECE, which bins all N·C probabilities (the
             costliest part of an update); with ``False`` the state is O(B).
+        bootstrap: R Poisson-bootstrap replicates for confidence intervals (0: none, the state
+            and ``compute()`` as without it); adds O(R·B) state and O(R·n) work per update.
+        seed: seed of the bootstrap weights; a weight depends on (seed, replicate, sample index) only.
 
     ``compute()`` returns a dict with ``accuracy``, ``ece`` (equal-width, l1), ``ada_ece``
     (equal-mass; only with ``adaptive``), ``mce`` (max), ``rms_ce`` (l2), ``classwise_ece`` (only with ``classwise``),
-    ``nll`` (nats), ``brier`` (summed over classes) and ``num_samples``.
+    ``nll`` (nats), ``brier`` (summed over classes) and ``num_samples``; with ``bootstrap`` also
+    ``intervals``: {metric: :meth:`Interval.to_dict`} at 95 % (see :meth:`intervals`).
 
-    Under several processes every process must call ``compute()`` (it communicates), and
-    each sample must be passed to ``update`` on exactly one process.
+    Under several processes every process must call ``compute()``, :meth:`intervals` and
+    :func:`paired_intervals` (they communicate), and each sample must be passed to ``update`` on
+    exactly one process. Give each sample its global ``sample_index`` to make the intervals
+    independent of how the samples were split.
 
     Example:
         >>> import torch
@@ -61,13 +103,24 @@ class CalibrationMetrics:
         (0.4167, 3)
     """
 
-    def __init__(self, num_classes: int, n_bins: int = 15, *, adaptive: bool = True, classwise: bool = True) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        n_bins: int = 15,
+        *,
+        adaptive: bool = True,
+        classwise: bool = True,
+        bootstrap: int = 0,
+        seed: int = 0,
+    ) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}.")
         self.num_classes = num_classes
         self.n_bins = check_n_bins(n_bins)
         self.adaptive = check_flag(adaptive, "adaptive")
         self.classwise = check_flag(classwise, "classwise")
+        self.bootstrap = check_replicates(bootstrap, "bootstrap", allow_zero=True)
+        self.seed = check_seed(seed)
         self.reset()
 
     def reset(self) -> None:
@@ -77,30 +130,48 @@ class CalibrationMetrics:
         self._sums: torch.Tensor | None = None  # (Σ NLL, Σ Brier)
         self._confidences: List[torch.Tensor] = []
         self._correct: List[torch.Tensor] = []
+        # Bootstrap only: replicate statistics, index fingerprint, per-sample indices (adaptive).
+        self._replicate_width: torch.Tensor | None = None
+        self._replicate_sums: torch.Tensor | None = None
+        self._fingerprint: torch.Tensor | None = None
+        self._indices: List[torch.Tensor] = []
+        self._seen = 0  # samples added on this process: the default indices count them
+        self._explicit_index: bool | None = None  # whether the batches came with sample_index
 
     @property
     def device(self) -> torch.device | None:
         return None if self._width_stats is None else self._width_stats.device
 
-    def update(self, probs: Any, labels: Any, *, from_logits: bool = False, validate: bool = True) -> None:
-        """Add a batch: ``probs`` (n, C) probabilities (logits with ``from_logits``), ``labels`` (n,)."""
+    def update(
+        self,
+        probs: Any,
+        labels: Any,
+        *,
+        sample_index: Any = None,
+        from_logits: bool = False,
+        validate: bool = True,
+    ) -> None:
+        """Add a batch: ``probs`` (n, C) probabilities (logits with ``from_logits``), ``labels`` (n,).
+
+        ``sample_index`` (n,): the samples' global indices (non-negative integers), which key
+        their bootstrap weights; default: a running count of the samples this process added
+        (rank + world·count under several processes). Used only with ``bootstrap``.
+        """
         probs, labels = prepare_inputs(probs, labels, from_logits=from_logits, validate=check_flag(validate, "validate"))
         if probs.shape[1] != self.num_classes:
             raise ValueError(
                 f"this accumulator was built for {self.num_classes} classes but the batch has "
                 f"{probs.shape[1]} columns."
             )
-        if self._width_stats is None:
-            self._width_stats = torch.zeros(3, self.n_bins, dtype=torch.float64, device=probs.device)
-            self._class_stats = torch.zeros(
-                3, self.num_classes if self.classwise else 0, self.n_bins, dtype=torch.float64, device=probs.device
-            )
-            self._sums = torch.zeros(2, dtype=torch.float64, device=probs.device)
-        elif probs.device != self.device:
+        if self.device is not None and probs.device != self.device:
             raise ValueError(
                 f"this accumulator holds its state on {self.device} but the batch is on "
                 f"{probs.device}; keep every batch on one device."
             )
+        indices = self._batch_indices(sample_index, probs)
+        if self._width_stats is None:
+            self._width_stats, self._class_stats, self._sums, *replicates = self._zero_state(probs.device)
+            self._replicate_width, self._replicate_sums, self._fingerprint = replicates
         confidences, correct = top_label(probs, labels)
         self._width_stats += equal_width_statistics(confidences, correct, self.n_bins)
         if self.classwise:
@@ -112,59 +183,208 @@ class CalibrationMetrics:
             narrow = probs.dtype in (torch.float32, torch.float16, torch.bfloat16)
             self._confidences.append(confidences.float() if narrow else confidences)
             self._correct.append(correct.bool())
+        if self.bootstrap:
+            self._update_replicates(probs, labels, confidences, correct, indices, sample_index is not None)
 
-    def _synced_state(self, sync: bool):
-        no_samples = "no samples were added: call update() with at least one batch before compute()."
-        distributed = sync and world_size() > 1
-        if self._width_stats is not None:
-            width, classes, sums = self._width_stats.clone(), self._class_stats.clone(), self._sums.clone()
-        elif distributed:
-            # This process's shard was empty; it still joins the collectives, with zero statistics.
-            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-            width = torch.zeros(3, self.n_bins, dtype=torch.float64, device=device)
-            classes = torch.zeros(3, self.num_classes if self.classwise else 0, self.n_bins, dtype=torch.float64, device=device)
-            sums = torch.zeros(2, dtype=torch.float64, device=device)
+    def _batch_indices(self, sample_index: Any, probs: torch.Tensor) -> torch.Tensor | None:
+        """The batch's global sample indices (n,), checked before any state changes; None without bootstrap."""
+        explicit = sample_index is not None
+        indices = check_sample_index(sample_index, probs.shape[0]).to(probs.device) if explicit else None
+        if not self.bootstrap:
+            return None
+        if self._explicit_index is not None and explicit != self._explicit_index:
+            given = "with" if self._explicit_index else "without"
+            raise ValueError(
+                f"sample_index must be passed with every batch or with none, but earlier batches came {given} it; "
+                "default indices count the samples added and would collide with explicit ones. Pass it with every batch."
+            )
+        if indices is None:
+            count = torch.arange(self._seen, self._seen + probs.shape[0], device=probs.device)
+            indices = rank() + world_size() * count
+        return indices
+
+    def _zero_state(self, device: torch.device | None) -> List[torch.Tensor | None]:
+        """Zero width (3, B), classwise (3, C, B), sums (2,) and, with bootstrap, replicate tensors."""
+        float64 = {"dtype": torch.float64, "device": device}
+        replicates = self.bootstrap
+        return [
+            torch.zeros(3, self.n_bins, **float64),
+            torch.zeros(3, self.num_classes if self.classwise else 0, self.n_bins, **float64),
+            torch.zeros(2, **float64),
+            torch.zeros(replicates, 3, self.n_bins, **float64) if replicates else None,
+            torch.zeros(replicates, 2, **float64) if replicates else None,
+            torch.zeros((), dtype=torch.int64, device=device) if replicates else None,
+        ]
+
+    def _update_replicates(
+        self, probs: torch.Tensor, labels: torch.Tensor, confidences: torch.Tensor, correct: torch.Tensor,
+        indices: torch.Tensor, explicit: bool,
+    ) -> None:
+        """Add the batch to every bootstrap replicate (weights keyed on seed, replicate, index)."""
+        width, sums = bootstrap_statistics(
+            confidences, correct, nll_and_brier_terms(probs, labels), indices,
+            seed=self.seed, replicates=self.bootstrap, n_bins=self.n_bins,
+        )
+        self._replicate_width += width
+        self._replicate_sums += sums
+        self._fingerprint += index_fingerprint(indices)
+        if self.adaptive:
+            self._indices.append(indices)
+        self._seen += probs.shape[0]
+        self._explicit_index = explicit
+
+    def _local_state(self, device: torch.device | None) -> _State:
+        """Copies of this process's state (zeros if it saw no batch), per-sample lists concatenated."""
+        if self._width_stats is None:
+            tensors = self._zero_state(device)
         else:
-            raise ValueError(no_samples)
-        confidences = correct = None
+            tensors = [self._width_stats, self._class_stats, self._sums]
+            tensors += [self._replicate_width, self._replicate_sums, self._fingerprint]
+            tensors = [None if tensor is None else tensor.clone() for tensor in tensors]
+        width = tensors[0]
+        confidences = correct = indices = None
         if self.adaptive:
             empty = width.new_zeros(0)
             confidences = torch.cat(self._confidences).double() if self._confidences else empty
             correct = torch.cat(self._correct).double() if self._correct else empty
-        if distributed:
-            for tensor in (width, classes, sums):
-                all_reduce_sum_(tensor)
-            if self.adaptive:
-                confidences = all_gather_variable(confidences)
-                correct = all_gather_variable(correct)
-            if not bool(width[0].sum() > 0):
-                raise ValueError(no_samples.replace("were added", "were added on any process"))
-        return width, classes, sums, confidences, correct
+            if self.bootstrap:
+                indices = torch.cat(self._indices) if self._indices else empty.long()
+        width, classes, sums, replicate_width, replicate_sums, fingerprint = tensors
+        return _State(width, classes, sums, confidences, correct, indices, replicate_width, replicate_sums, fingerprint)
 
-    def compute(self, *, sync: bool = True) -> Dict[str, float]:
+    def _synced_state(self, sync: bool) -> _State:
+        no_samples = "no samples were added: call update() with at least one batch before compute()."
+        distributed = sync and world_size() > 1
+        if self._width_stats is None and not distributed:
+            raise ValueError(no_samples)
+        # A process whose shard was empty still joins the collectives, with zero statistics.
+        device = torch.device("cuda", torch.cuda.current_device()) if distributed and dist.get_backend() == "nccl" else None
+        state = self._local_state(device if self.device is None else self.device)
+        if not distributed:
+            return state
+        summed = (state.width, state.classes, state.sums, state.replicate_width, state.replicate_sums, state.fingerprint)
+        for tensor in summed:
+            if tensor is not None:
+                all_reduce_sum_(tensor)
+        gathered = [None if values is None else all_gather_variable(values) for values in state[3:6]]
+        if not bool(state.width[0].sum() > 0):
+            raise ValueError(no_samples.replace("were added", "were added on any process"))
+        return state._replace(confidences=gathered[0], correct=gathered[1], indices=gathered[2])
+
+    def compute(self, *, sync: bool = True) -> Dict[str, Any]:
         """Metric dict over every sample seen (on every process when ``sync`` and distributed)."""
-        width, classes, sums, confidences, correct = self._synced_state(sync)
-        num_samples = int(width[0].sum())
-        result: Dict[str, Any] = {
-            "accuracy": float(width[2].sum()) / num_samples,
-            "ece": calibration_error_from_statistics(width, "l1"),
-            "mce": calibration_error_from_statistics(width, "max"),
-            "rms_ce": calibration_error_from_statistics(width, "l2"),
-            "nll": float(sums[0]) / num_samples,
-            "brier": float(sums[1]) / num_samples,
-            "num_samples": num_samples,
-        }
+        state = self._synced_state(sync)
+        result: Dict[str, Any] = metrics_from_statistics(state.width, state.sums)
+        result["num_samples"] = int(state.width[0].sum())
         if self.classwise:
-            result["classwise_ece"] = classwise_error_from_statistics(classes)
+            result["classwise_ece"] = classwise_error_from_statistics(state.classes)
         if self.adaptive:
             result["ada_ece"] = calibration_error_from_statistics(
-                equal_mass_statistics(confidences, correct, self.n_bins), "l1"
+                equal_mass_statistics(state.confidences, state.correct, self.n_bins), "l1"
             )
+        if self.bootstrap:
+            intervals = self._draws(state, self._metric_names(None)).intervals(DEFAULT_CONFIDENCE)
+            result["intervals"] = {name: interval.to_dict() for name, interval in intervals.items()}
         return result
+
+    def _metric_names(self, metrics: Optional[Sequence[str]]) -> Tuple[str, ...]:
+        """Validated metric names for intervals of this accumulator (defaults for ``None``)."""
+        if not self.bootstrap:
+            raise ValueError(
+                "intervals need bootstrap replicates, but this accumulator has bootstrap=0; "
+                "build it with CalibrationMetrics(..., bootstrap=1000)."
+            )
+        reason = "it needs each sample's confidence: build the accumulator with adaptive=True."
+        return check_metrics(metrics, {} if self.adaptive else dict.fromkeys(PER_SAMPLE_METRICS, reason))
+
+    def _draws(self, state: _State, names: Sequence[str]) -> Draws:
+        statistics = (state.width, state.sums, state.replicate_width, state.replicate_sums)
+        samples = (state.confidences, state.correct, state.indices) if self.adaptive else None
+        return draws_from_statistics(
+            names, statistics, samples, n_bins=self.n_bins, replicates=self.bootstrap, seed=self.seed
+        )
+
+    def intervals(
+        self, *, metrics: Optional[Sequence[str]] = None, confidence: float = DEFAULT_CONFIDENCE, sync: bool = True
+    ) -> Dict[str, Interval]:
+        """Bootstrap percentile intervals over every sample seen (docs/design.md §2).
+
+        The same intervals as :func:`~hf_calibrate.metrics.intervals.bootstrap_intervals` on the
+        samples in index order, with the same seed (to float64 summation order). ``metrics``:
+        the defaults are accuracy, ece, mce, rms_ce, nll, brier and, with ``adaptive``, ada_ece;
+        smooth_ece on request (``adaptive`` only; one smECE per replicate).
+
+        Example:
+            >>> import torch
+            >>> metrics = CalibrationMetrics(num_classes=2, bootstrap=200)
+            >>> metrics.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]] * 50), torch.tensor([0, 0] * 50))
+            >>> interval = metrics.intervals(metrics=["accuracy"])["accuracy"]
+            >>> interval.point, interval.low < 0.5 < interval.high, interval.replicates
+            (0.5, True, 200)
+        """
+        names, confidence = self._metric_names(metrics), check_confidence(confidence)
+        return self._draws(self._synced_state(sync), names).intervals(confidence)
 
     def reliability(self, *, sync: bool = True) -> ReliabilityBins:
         """Reliability-diagram data (equal-width bins) over every sample seen."""
         return ReliabilityBins.from_statistics(self._synced_state(sync)[0])
+
+
+def paired_intervals(
+    a: CalibrationMetrics,
+    b: CalibrationMetrics,
+    *,
+    metrics: Optional[Sequence[str]] = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    sync: bool = True,
+) -> Dict[str, Interval]:
+    """Paired bootstrap intervals of metric(a) − metric(b) for two accumulators of the same samples.
+
+    ``a`` and ``b`` (e.g. calibrated and uncalibrated outputs of one test set) must share seed,
+    bootstrap and n_bins and have seen the same samples under the same indices; then replicate r
+    weighs each sample alike in both and the intervals are those of
+    :func:`~hf_calibrate.metrics.intervals.paired_bootstrap_intervals`. Read them with
+    :func:`~hf_calibrate.metrics.intervals.verdict`. Per-sample metrics need ``adaptive`` on both.
+
+    Example:
+        >>> import torch
+        >>> labels = torch.tensor([0, 1] * 100)
+        >>> a, b = CalibrationMetrics(2, bootstrap=200), CalibrationMetrics(2, bootstrap=200)
+        >>> a.update(torch.tensor([[0.9, 0.1], [0.1, 0.9]] * 100), labels)
+        >>> b.update(torch.tensor([[0.6, 0.4], [0.4, 0.6]] * 100), labels)
+        >>> nll = paired_intervals(a, b, metrics=["nll"])["nll"]
+        >>> nll.high < 0
+        True
+    """
+    _check_pairable(a, b)
+    names, confidence = a._metric_names(metrics), check_confidence(confidence)
+    names = tuple(name for name in names if name in b._metric_names(None if metrics is None else names))
+    state_a, state_b = a._synced_state(sync), b._synced_state(sync)
+    counts = int(state_a.width[0].sum()), int(state_b.width[0].sum())
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"paired_intervals needs the same samples in both accumulators, but a saw {counts[0]} and b saw "
+            f"{counts[1]}; feed both every sample once (with the same sample_index)."
+        )
+    if int(state_a.fingerprint) != int(state_b.fingerprint):
+        raise ValueError(
+            "paired_intervals needs the same samples in both accumulators, but a and b saw different sample "
+            "indices; pass each sample's sample_index to both (or feed both in the same order without it)."
+        )
+    return (a._draws(state_a, names) - b._draws(state_b, names)).intervals(confidence)
+
+
+def _check_pairable(a: Any, b: Any) -> None:
+    """Both bootstrap accumulators with the same weights (seed, replicates) and bins."""
+    for name, metrics in (("a", a), ("b", b)):
+        if not isinstance(metrics, CalibrationMetrics):
+            raise ValueError(f"{name} must be a CalibrationMetrics, got {type(metrics).__name__}.")
+    for option in ("bootstrap", "seed", "n_bins"):
+        if getattr(a, option) != getattr(b, option):
+            raise ValueError(
+                f"paired_intervals needs the same {option} in both accumulators, but a has {option}="
+                f"{getattr(a, option)!r} and b has {getattr(b, option)!r}; build both with the same {option}."
+            )
 
 
 def calibration_report(probs: Any, labels: Any, *, n_bins: int = 15, from_logits: bool = False) -> Dict[str, float]:
