@@ -69,3 +69,18 @@ def bbc_minilm():
     from hf_calibrate.demo import bbc_minilm as build
 
     return build(progress=False)
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for a module of small tensors: intra-op threads gain nothing there, and on a busy
+    machine every parallel region waits for a descheduled thread (~10 ms per op; a metrics module ran 5× slower).
+
+    Use with ``pytestmark = pytest.mark.usefixtures("single_thread")``.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

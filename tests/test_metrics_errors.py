@@ -23,14 +23,7 @@ GOOD_PROBS = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]])
 GOOD_LABELS = torch.tensor([0, 2])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads gain nothing, and on a busy machine every parallel
-    region waits for a descheduled thread (~10 ms per op), which made this module 5× slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one thread
 
 
 # Every public entry point that validates (probs, labels).

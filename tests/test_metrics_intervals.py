@@ -49,13 +49,7 @@ MEAN_METRICS = ("accuracy", "nll", "brier")  # means of per-sample values
 BINNED_METRICS = ("ece", "mce", "rms_ce", "ada_ece")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Small tensors: intra-op threads only wait for each other on a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one thread
 
 
 def calibrated(num_samples: int, seed: int, num_classes: int = 4) -> Tuple[torch.Tensor, torch.Tensor]:

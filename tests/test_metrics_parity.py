@@ -42,14 +42,7 @@ PEER_TOL = 1e-6  # peers accumulate in float32
 EXACT_TOL = 1e-12  # float64 references
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads gain nothing, and on a busy machine every parallel
-    region waits for a descheduled thread (~10 ms per op), which made this module 5× slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one thread
 
 
 NORMS = ("l1", "l2", "max")

@@ -28,14 +28,7 @@ SETTINGS = settings()
 REL, ABS = 1e-12, 1e-14  # rounding of float64 sums taken in a different order
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are tiny: intra-op threads gain nothing, and on a busy machine every parallel
-    region waits for a descheduled thread (~10 ms per op), which made this module 5× slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one thread
 
 
 KINDS = ("softmax", "onehot", "quantized", "sparse", "uniform")

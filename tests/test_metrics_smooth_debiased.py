@@ -37,13 +37,7 @@ SMOOTH_TOL = 1e-4
 SQUARE_TOL, ERROR_TOL = 1e-12, 1e-8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These tensors are small: intra-op threads gain nothing on a busy machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one thread
 
 
 # ----------------------------------------------------------------------------- data
