@@ -7,7 +7,7 @@ Importing the package registers ``CalibratedModel`` with the transformers Auto c
 from . import calibrators, metrics
 from .calibrators import CALIBRATORS
 from .fitting import EngineOptions
-from .modeling import CalibratedConfig, CalibratedModel, register_auto_classes
+from .modeling import CalibratedConfig, CalibratedModel, TemperatureScalingFallbackWarning, register_auto_classes
 from .serialization import ArtifactError
 from .version import __version__
 
@@ -19,6 +19,7 @@ __all__ = [
     "CalibratedConfig",
     "CalibratedModel",
     "EngineOptions",
+    "TemperatureScalingFallbackWarning",
     "__version__",
     "calibrators",
     "metrics",

@@ -1,21 +1,26 @@
 """Model cards for calibrated models: a calibration record in, a hub model card out.
 
 The card is rendered from ``model_cards/template.md`` (shipped as package data) with
-``huggingface_hub.ModelCard.from_template``. Its metadata carries ``base_model`` and a
-``model-index`` with accuracy, ECE, AdaECE, classwise ECE, NLL and Brier before and after
-calibration — the format hub leaderboards read. Each metric appears twice, with
-``metric_config`` ``"uncalibrated"`` / ``"calibrated"`` and a name saying which.
+``huggingface_hub.ModelCard.from_template``. Its metadata carries ``base_model`` (with
+``base_model_relation``) when the base's hub id is known, and a ``model-index`` with accuracy,
+ECE, AdaECE, classwise ECE, NLL and Brier before and after calibration — the format hub
+leaderboards read. Each metric appears twice, with ``metric_config`` ``"uncalibrated"`` /
+``"calibrated"`` and a name saying which (and "in-sample" when it was computed on the
+calibration data). What the results were computed on is worded by :mod:`hf_calibrate.reporting`,
+as in the diagram and the CLI.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .metrics import ReliabilityBins
+from . import reporting
+from .calibrators import calibrator_class
 
 DIAGRAM_FILE = "reliability_diagram.png"
 # (key in a metrics dict, metric type for the model-index, display name)
@@ -29,6 +34,9 @@ CARD_METRICS = (
     ("mce", "mce", "MCE"),
 )
 _PIPELINE_TAGS = {"image-classification": "image-classification", "text-classification": "text-classification"}
+#: the Hub's base_model_relation, by whether the method trains a new head: the base's weights are never changed,
+#: a few parameters are fitted on top of the frozen base (an adapter) or a new head is trained on its features
+_RELATIONS = {False: "adapter", True: "finetune"}
 
 _CITATIONS = {
     "temperature": "@inproceedings{guo2017calibration, title={On Calibration of Modern Neural Networks}, "
@@ -95,11 +103,13 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
     Args:
         evaluation: a :meth:`CalibratedModel.evaluate` result, or the ``evaluation`` entry of a
             calibration record (same keys: ``uncalibrated``/``calibrated`` metric dicts,
-            ``dataset``, optionally ``split`` and ``dataset_id``). None or empty: no entries.
+            ``dataset``, optionally ``split``, ``dataset_id`` and ``in_sample``). None or empty: no
+            entries. In-sample results are marked so in the dataset's name and every metric's name.
         task: the hub task type, e.g. ``"image-classification"``.
     """
     if not evaluation:
         return []
+    in_sample = " in-sample" if evaluation.get("in_sample") else ""
     results = []
     for side in ("uncalibrated", "calibrated"):
         for key, metric_type, name in CARD_METRICS:
@@ -109,9 +119,9 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
                 EvalResult(
                     task_type=task, task_name=task.replace("-", " ").title(),
                     dataset_type=evaluation.get("dataset_id") or evaluation["dataset"],
-                    dataset_name=evaluation["dataset"], dataset_split=evaluation.get("split"),
+                    dataset_name=reporting.model_index_dataset_name(evaluation), dataset_split=evaluation.get("split"),
                     metric_type=metric_type, metric_value=float(evaluation[side][key]),
-                    metric_name=f"{name} ({side})", metric_config=side,
+                    metric_name=f"{name} ({side}{in_sample})", metric_config=side,
                 )
             )
     return results
@@ -122,38 +132,77 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if record["method"] != "neural_clamping" or not summary.get("holdout_samples"):
         return None
     metric = record["options"].get("select_metric", "ece")
-    baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
-    if summary.get("fell_back_to_temperature_scaling"):
-        scaling = summary["temperature_scaling"]
-        text = (f"δ did not beat temperature scaling (held-out {metric} {_fmt(baseline)}), so the fit fell back to "
-                f"temperature scaling (δ = 0, T = {_fmt(scaling.get('fallback_temperature', scaling['temperature']))}).")
-    else:
+    text = reporting.fallback_note(summary, metric)
+    if text is None:
         chosen = summary["selected"]
+        baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
         text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}, epoch {chosen['epoch']} of {summary['epochs']}: "
                 f"held-out {metric} {_fmt(chosen[f'holdout_{metric}'])} against {_fmt(baseline)} for temperature "
                 f"scaling; T = {_fmt(chosen['temperature'])}, ‖δ‖₂ = {_fmt(chosen['delta_norm'])}.")
     return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"], "text": text}
 
 
-def _preprocessing_notes(record: Dict[str, Any]) -> List[str]:
-    """What the calibration's inputs looked like (``input_contract``) and which layer a new head replaces."""
+def _listed(values: Any) -> str:
+    """A per-channel list as the card shows it: one value when all channels share it."""
+    if isinstance(values, list) and values and all(value == values[0] for value in values):
+        return f"{values[0]} (every channel)"
+    return str(values)
+
+
+def _image_steps(facts: Dict[str, Any], size: str) -> List[str]:
+    """The resize / crop / rescale / normalise steps of an image contract's preprocessing facts, in words."""
+    mean, std = facts.get("mean", facts.get("image_mean")), facts.get("std", facts.get("image_std"))
+    if "crop_pct" in facts and "do_resize" not in facts:  # timm's eval transform
+        steps = [f"resized and cropped to {size} by timm's eval transform (crop_pct {facts['crop_pct']}, crop_mode "
+                 f"{facts.get('crop_mode', 'center')}, {facts.get('interpolation', 'bilinear')} interpolation)",
+                 "converted to a tensor in [0, 1]"]
+    else:  # a transformers image processor
+        steps = [f"resized to {facts['size']}" if facts.get("do_resize") and facts.get("size") else None,
+                 f"centre-cropped to {facts['crop_size']}" if facts.get("do_center_crop") and facts.get("crop_size") else None,
+                 f"rescaled by {facts['rescale_factor']:.6g}" if facts.get("do_rescale") and facts.get("rescale_factor") else None]
+        steps = [step for step in steps if step]
+    if mean is not None and std is not None and facts.get("do_normalize", True):
+        steps.append(f"normalised with mean {_listed(mean)} and std {_listed(std)}")
+    return steps
+
+
+def _image_source(source: str) -> str:
+    """Where an image contract's facts come from, and whether the saved preprocessing applies them."""
+    if "callable" in source:
+        return f"recorded from {source}; that callable is not saved, so preprocess inputs the same way"
+    if "config" in source:
+        return "as the model's config specifies; it is saved with the model, set to this size"
+    return f"the image processor {source} does this; it is saved with the model, set to this size"
+
+
+def input_notes(record: Dict[str, Any]) -> List[str]:
+    """What preprocessing inputs need for the calibration to hold (the record's ``input_contract``), in plain words."""
     contract = record.get("input_contract") or {}
     facts = contract.get("preprocessing") or {}
+    source = str(facts.get("source", ""))
     notes = []
-    if contract.get("input_size"):
-        size = "×".join(str(v) for v in contract["input_size"])
-        mean, std = facts.get("mean", facts.get("image_mean")), facts.get("std", facts.get("image_std"))
-        normalised = f" normalised with mean {mean} and std {std}," if mean is not None and std is not None else ""
-        notes.append(f"Calibrated on inputs of size {size} ({contract.get('space')},{normalised} as recorded in "
-                     "calibration_config.json); the saved preprocessing produces that size. The calibration holds "
-                     "for inputs preprocessed like that only.")
+    if contract.get("input_size") and record["base_model"]["task"] == "image-classification":
+        size = "×".join(str(v) for v in contract["input_size"][-2:])
+        steps = ", ".join(_image_steps(facts, size))
+        if source.startswith("inputs preprocessed by the user"):
+            declared = f"; the model's config declares (not verified) that images are {steps}" if steps else ""
+            notes.append(f"The calibration data were preprocessed by the user into {size} inputs{declared}: preprocess "
+                         "inputs the same way.")
+        else:
+            notes.append(f"Images are {steps or f'of size {size}'} ({_image_source(source)}).")
+    elif contract.get("input_size"):
+        notes.append(f"Inputs are tensors of per-sample shape {'×'.join(str(v) for v in contract['input_size'])}, "
+                     "preprocessed as for the calibration data.")
     if facts.get("max_length"):
-        saved = (f"the saved tokenizer's model_max_length is {facts['max_length']}, so pass truncation=True to a "
-                 "pipeline for long texts") if facts.get("source") else "tokenize inputs the same way"
-        notes.append(f"Calibrated on texts truncated to {facts['max_length']} tokens; {saved}.")
-    classifier = (record.get("base_model") or {}).get("classifier")
-    if classifier:
-        notes.append(f"The new head replaces the base model's layer `{classifier}`.")
+        notes.append(f"Texts are tokenized by the saved tokenizer and truncated to {facts['max_length']} tokens "
+                     f"(truncation side {facts.get('truncation_side', 'right')}; its model_max_length is "
+                     f"{facts['max_length']}): pass truncation=True to a text-classification pipeline, which does not "
+                     "truncate otherwise.")
+    elif source.startswith("inputs tokenized by the user"):
+        notes.append("The calibration data were tokenized by the user, so their max_length and truncation are not "
+                     "known: tokenize inputs exactly as they were.")
+    notes.append("The calibration holds for inputs preprocessed like that only (calibration_config.json, "
+                 "`input_contract`, records it).")
     return notes
 
 
@@ -164,7 +213,9 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
         f"The calibration was fitted on {record['fit']['num_samples']} samples; binned metrics such as ECE are noisy "
         "on small evaluation sets.",
     ]
-    items.extend(_preprocessing_notes(record))
+    classifier = (record.get("base_model") or {}).get("classifier")
+    if classifier:
+        items.append(f"The new head replaces the base model's layer `{classifier}`.")
     if record["method"] == "neural_clamping":
         contract = record.get("input_contract") or {}
         items.append(
@@ -181,44 +232,91 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
     return items
 
 
-def render_card(
-    record: Dict[str, Any], *, repo_id: Optional[str] = None, diagram: Optional[str] = None
-) -> ModelCard:
-    """The model card of a calibration record (``calibration_config.json`` contents)."""
+def card_title(record: Dict[str, Any], location: Optional[str | os.PathLike] = None) -> str:
+    """The card's title: the repo's name, else the folder's, else the base model's name and the method."""
+    if location is not None:
+        return Path(os.path.abspath(location)).name if isinstance(location, os.PathLike) else str(location).split("/")[-1]
+    base = record["base_model"]
+    name = base["repo_id"].split("/")[-1] if base.get("repo_id") else f"{base['library']}-{base['task']}"
+    return f"{name}-{record['method'].replace('_', '-')}"
+
+
+def _usage(record: Dict[str, Any], location: str, local: bool) -> Dict[str, str]:
+    """The usage snippet's lines: load (``location``: a repo id, or a folder when ``local``), call, and the base alone."""
+    base = record["base_model"]
+    library = base["library"]
+    call = ("probs = model(pixel_values).softmax(-1)  # timm-style: tensor in, logits out" if library == "timm"
+            else "probs = model(**inputs).logits.softmax(-1)" if library == "transformers"
+            else "probs = model(x).softmax(-1)")
+    base_usage = ""
+    if base["weights"] == "included" and library == "timm":
+        scheme = "local-dir" if local else "hf-hub"
+        base_usage = f'The uncalibrated base: `timm.create_model("{scheme}:{location}", pretrained=True)`.'
+    elif base["weights"] == "included" and library == "transformers":
+        base_usage = f'The uncalibrated base: `AutoModelFor…from_pretrained("{location}", subfolder="base")`.'
+    loading = f'model = CalibratedModel.from_pretrained("{location}")'
+    if base["weights"] == "not_saved":
+        loading = f'model = CalibratedModel.from_pretrained("{location}", base_model=base)  # your nn.Module'
+    return {"loading": loading, "call": call, "base_usage": base_usage}
+
+
+def _results(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The results section's data: the metric rows and what they were computed on (None: no evaluation)."""
+    if not evaluation:
+        return None
+    rows = [
+        {"name": display, "before": _fmt(evaluation["uncalibrated"][key]), "after": _fmt(evaluation["calibrated"][key])}
+        for key, _, display in CARD_METRICS
+        if key in evaluation["calibrated"]
+    ]
+    return {"rows": rows, "in_sample": evaluation["in_sample"], "n_bins": evaluation.get("n_bins"),
+            "label": reporting.evaluated_on(evaluation),
+            "calibration": reporting.calibration_label(evaluation)}
+
+
+def _card_data(record: Dict[str, Any], name: str, evaluation: Optional[Dict[str, Any]]) -> ModelCardData:
+    """The card's metadata: name, base model (the Hub's model tree), library, task, tags and model-index."""
     base = record["base_model"]
     method = record["method"]
-    info = METHODS.get(method, {"title": method, "text": ""})
-    evaluation = record.get("evaluation")
-    name = (repo_id or "calibrated-model").split("/")[-1]
-    card_data = ModelCardData(
+    relation = {"base_model_relation": _RELATIONS[calibrator_class(method).needs_features]} if base.get("repo_id") else {}
+    return ModelCardData(
         model_name=name,
         base_model=base.get("repo_id") or None,
         library_name="hf_calibrate",
         pipeline_tag=_PIPELINE_TAGS.get(base["task"]),
         tags=["calibration", "hf_calibrate", method.replace("_", "-"), base["library"]],
         eval_results=eval_results(evaluation, base["task"]) or None,
+        **relation,
     )
-    results = [
-        {"name": display, "before": _fmt(evaluation["uncalibrated"][key]), "after": _fmt(evaluation["calibrated"][key])}
-        for key, _, display in CARD_METRICS
-        if evaluation and key in evaluation["calibrated"]
-    ]
+
+
+def render_card(
+    record: Dict[str, Any], *, repo_id: Optional[str | os.PathLike] = None, diagram: Optional[str] = None
+) -> ModelCard:
+    """The model card of a calibration record (``calibration_config.json`` contents).
+
+    Args:
+        record: the record.
+        repo_id: where the model loads from, as the usage snippet shows it: a hub repo id (a ``str``),
+            or the local folder it is saved to (an ``os.PathLike``, e.g. a ``Path``). None: the card
+            names the base model instead and shows no loading line it cannot know.
+        diagram: the reliability diagram's file name in the folder, if one was drawn.
+    """
+    base = record["base_model"]
+    method = record["method"]
+    info = METHODS.get(method, {"title": method, "text": ""})
+    name = card_title(record, repo_id)
+    location = os.fspath(repo_id) if repo_id is not None else None
+    usage = _usage(record, location, isinstance(repo_id, os.PathLike)) if location is not None else None
     base_description = (f"[{base['repo_id']}](https://huggingface.co/{base['repo_id']})" if base.get("repo_id")
                         else f"a {base['library']} {base['task']} model")
     weights_note = {"included": "included in this repository, unchanged",
                     "reference": f"not copied: they load from {base.get('repo_id')} at revision {base.get('revision')}",
                     "not_saved": "not saved (a plain PyTorch module): pass `base_model=` when loading"}[base["weights"]]
-    library = base["library"]
-    usage = ("probs = model(pixel_values).softmax(-1)  # timm-style: tensor in, logits out" if library == "timm"
-             else "probs = model(**inputs).logits.softmax(-1)" if library == "transformers"
-             else "probs = model(x).softmax(-1)")
-    base_usage = ""
-    if base["weights"] == "included" and library == "timm":
-        base_usage = f'The uncalibrated base: `timm.create_model("hf-hub:{repo_id or "<repo>"}", pretrained=True)`.'
-    elif base["weights"] == "included" and library == "transformers":
-        base_usage = f'The uncalibrated base: `AutoModelFor…from_pretrained("{repo_id or "<repo>"}", subfolder="base")`.'
-    card = ModelCard.from_template(
-        card_data,
+    fit = record["fit"]
+    evaluation = reporting.completed_evaluation(record["evaluation"], fit) if record.get("evaluation") else None
+    return ModelCard.from_template(
+        _card_data(record, name, evaluation),
         template_str=_template(),
         model_name=name,
         base_description=base_description,
@@ -229,32 +327,44 @@ def render_card(
         method_description=info["text"],
         hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
-        fit=record["fit"],
-        results=results,
-        evaluation_dataset=evaluation and evaluation["dataset"],
-        evaluation_samples=evaluation and evaluation["calibrated"]["num_samples"],
-        n_bins=evaluation and evaluation.get("n_bins"),
+        fit=fit,
+        calibration_dataset=fit.get("dataset_name") or fit.get("dataset"),
+        results=_results(evaluation),
         diagram=diagram,
-        repo_id=repo_id or "<repo>",
         usage=usage,
-        base_usage=base_usage,
+        input_notes=input_notes(record),
         limitations=_limitations(record),
         citation=_CITATIONS.get(method, ""),
     )
-    return card
 
 
-def write_diagram(folder: Path, reliability: Dict[str, ReliabilityBins]) -> Optional[str]:
-    """Draw the before/after reliability diagrams into ``folder``; None if matplotlib is missing."""
+#: panels of the saved diagram, left to right
+DIAGRAM_SIDES = ("uncalibrated", "calibrated")
+
+
+def write_diagram(folder: Path, evaluation: Dict[str, Any]) -> Optional[str]:
+    """Draw the before/after reliability diagrams of ``evaluation`` into ``folder``; None if matplotlib is missing.
+
+    ``evaluation``: a :meth:`CalibratedModel.evaluate` result or a record's ``evaluation`` entry; the
+    title says what it was computed on, and whether in-sample.
+    """
     try:
         from .plotting import compare_reliability_diagrams
     except ImportError:
         return None
+    reliability = evaluation["reliability"]
+    panels = {side: reliability[side] for side in DIAGRAM_SIDES if side in reliability}
     try:
-        compare_reliability_diagrams(dict(reliability), path=folder / DIAGRAM_FILE, title="Reliability before and after calibration")
+        compare_reliability_diagrams(panels, path=folder / DIAGRAM_FILE, title=diagram_title(evaluation))
     except ImportError:
         return None
     return DIAGRAM_FILE
+
+
+def diagram_title(evaluation: Dict[str, Any]) -> str:
+    """The title of an evaluation's reliability diagram: what it was computed on and, on a second line, whether in-sample."""
+    in_sample = f"\n{reporting.IN_SAMPLE_NOTE.capitalize()}" if evaluation.get("in_sample") else ""
+    return f"Reliability on {reporting.evaluated_on(evaluation)}{in_sample}"
 
 
 def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(key for key, _, _ in CARD_METRICS)) -> Dict[str, Dict[str, float]]:

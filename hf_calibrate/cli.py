@@ -17,13 +17,15 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 PROG = "hf-calibrate"
 EXIT_ERROR = 1
@@ -72,6 +74,11 @@ class Console:
     def note(self, text: str) -> None:
         if self.is_main:
             print(text, file=sys.stderr if self.json_output else sys.stdout, flush=True)
+
+    def warn(self, text: Optional[str]) -> None:
+        """A ``warning: ...`` line on stderr, something the user should act on (nothing when ``text`` is None)."""
+        if self.is_main and text is not None:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 # ============================================================================ arguments
@@ -214,8 +221,9 @@ def build_parser() -> ArgumentParser:
     _data_arguments(fit, "the calibration split (default: 'calibration' or 'validation', or the only split)")
     fit.add_argument("--validation-split", help="selection split of Neural Clamping and the head methods "
                      "(default: they hold out part of the calibration split)")
-    fit.add_argument("--eval-split", help="split for the before/after table (default: the calibration split, "
-                     "which flatters the calibration)")
+    fit.add_argument("--eval-split", help="split for the before/after table (default: the first of 'test', 'validation', "
+                     "'eval', 'evaluation', 'dev' that the fit does not use; without one, the calibration split itself, "
+                     "in-sample and so optimistic, with a warning)")
     method = fit.add_argument_group("method")
     method.add_argument("--method", default="neural_clamping", choices=list(CALIBRATORS), help="default: neural_clamping")
     method.add_argument("--option", action="append", type=parse_option, default=[], metavar="KEY=VALUE",
@@ -265,12 +273,14 @@ class LoadedModel:
         preprocessor: its tokenizer or image processor (None: timm's own data config).
         name: how the user named it.
         calibrated: whether it is an hf_calibrate calibration.
+        hub_id: the hub repo its weights came from, when known (the card's ``base_model``).
     """
 
     model: Any
     preprocessor: Any
     name: str
     calibrated: bool
+    hub_id: Optional[str] = None
 
     @property
     def base(self) -> Any:
@@ -292,7 +302,8 @@ def load_model(spec: str, *, revision: Optional[str], token: Optional[str], pret
                 f"could not create the timm model {spec!r} with pretrained weights ({type(error).__name__}: {error}); "
                 "the weights must be in the local hub cache when offline, or pass --no-pretrained."
             ) from error
-        return LoadedModel(model.eval(), None, spec, calibrated=False)
+        hub_id = model.pretrained_cfg.get("hf_hub_id") if pretrained else None  # where timm loaded the weights from
+        return LoadedModel(model.eval(), None, spec, calibrated=False, hub_id=hub_id)
     if num_classes is not None:
         raise UserError(f"--num-classes applies to timm architecture names; {spec!r} is not one.")
     from . import _hub
@@ -301,7 +312,7 @@ def load_model(spec: str, *, revision: Optional[str], token: Optional[str], pret
         folder = _hub.resolve_folder(spec, revision=revision, token=token)
     except _hub.ArtifactError as error:
         raise UserError(f"unknown model {spec!r} (not a timm architecture name either): {error}") from error
-    return _load_folder(folder, spec, token=token)
+    return dataclasses.replace(_load_folder(folder, spec, token=token), hub_id=spec)
 
 
 def _load_folder(folder: Path, name: str, *, token: Optional[str]) -> LoadedModel:
@@ -419,25 +430,32 @@ def _table_splits(files: Dict[str, Path]) -> Any:
     return datasets.load_dataset(builder, data_files={split: str(path) for split, path in files.items()}, **options)
 
 
-def select_split(splits: Any, requested: Optional[str], preferred: Sequence[str], flag: str) -> Any:
-    """``splits[requested]``, else the first ``preferred`` split present, else the only split."""
-    available = list(splits)
+def select_split(available: Sequence[str], requested: Optional[str], preferred: Sequence[str], flag: str) -> str:
+    """``requested`` of the ``available`` split names, else the first ``preferred`` one present, else the only one."""
     if requested is not None:
-        if requested not in splits:
-            raise UserError(f"the dataset has no split {requested!r}; its splits are {available}.")
-        return splits[requested]
+        if requested not in available:
+            raise UserError(f"the dataset has no split {requested!r}; its splits are {list(available)}.")
+        return requested
     for name in preferred:
-        if name in splits:
-            return splits[name]
+        if name in available:
+            return name
     if len(available) == 1:
-        return splits[available[0]]
-    raise UserError(f"the dataset has the splits {available}; choose one with {flag}.")
+        return available[0]
+    raise UserError(f"the dataset has the splits {list(available)}; choose one with {flag}.")
 
 
-def dataset_display_name(source: str) -> str:
-    """How results name the dataset: a hub id as is, a local path by its name."""
-    path = Path(source)
-    return path.stem if path.exists() else source
+def fit_splits(args: argparse.Namespace, available: Sequence[str]) -> Dict[str, str]:
+    """The split of each role of ``fit``: calibration, validation (when given) and evaluation — the one given,
+    else a held-out split the fit does not use (:func:`hf_calibrate.reporting.held_out_split`), else none."""
+    from .reporting import held_out_split
+
+    chosen = {"calibration": select_split(available, args.split, ("calibration", "validation"), "--split")}
+    if args.validation_split:
+        chosen["validation"] = select_split(available, args.validation_split, (), "--validation-split")
+    held_out = held_out_split(available, set(chosen.values()))
+    if args.eval_split or held_out:
+        chosen["evaluation"] = select_split(available, args.eval_split or held_out, (), "--eval-split")
+    return chosen
 
 
 def align_labels(data: Any, label_column: Optional[str], backbone: Any) -> Any:
@@ -466,17 +484,25 @@ def _label_column(data: Any, given: Optional[str]) -> str:
     return found
 
 
+class LoadedData(NamedTuple):
+    """The splits a command uses, by role (``"calibration"``, ``"validation"``, ``"evaluation"``; labels aligned to
+    the model, roles given the same split share one object), their names by role, and every split of the dataset."""
+
+    splits: Dict[str, Any]
+    names: Dict[str, str]
+    available: List[str]
+
+
 def load_data(
     args: argparse.Namespace, backbone: Any, state: Any, label_column: Optional[str],
-    splits_wanted: Dict[str, Tuple[Optional[str], Sequence[str], str]],
-) -> Dict[str, Any]:
-    """The splits named in ``splits_wanted`` (role → (requested, preferred, flag)), labels aligned to the model."""
+    choose_splits: Callable[[List[str]], Dict[str, str]],
+) -> LoadedData:
+    """The splits ``choose_splits`` picks (role → split name) from the dataset's split names, labels aligned."""
     with state.main_process_first():
         splits = load_splits(args.dataset, token=args.token)
-        return {
-            role: align_labels(select_split(splits, requested, preferred, flag), label_column, backbone)
-            for role, (requested, preferred, flag) in splits_wanted.items()
-        }
+        names = choose_splits(list(splits))
+        aligned = {name: align_labels(splits[name], label_column, backbone) for name in set(names.values())}
+        return LoadedData({role: aligned[name] for role, name in names.items()}, names, list(splits))
 
 
 # ============================================================================ output
@@ -515,21 +541,26 @@ def metric_table(evaluation: Dict[str, Any]) -> str:
     return format_table(header, rows)
 
 
-def evaluation_json(evaluation: Dict[str, Any], model: str) -> Dict[str, Any]:
-    """The JSON-able results of an evaluation (every metric, every side)."""
-    result = {"model": model, "dataset": evaluation["dataset"], "split": evaluation.get("split"), "n_bins": evaluation["n_bins"]}
-    return result | {side: dict(evaluation[side]) for side in ("uncalibrated", "calibrated") if side in evaluation}
-
-
 def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
-    """The reliability diagram(s) of an evaluation as a PNG at ``path``."""
+    """The reliability diagram(s) of an evaluation as a PNG at ``path``, uncalibrated first."""
     from .plotting import compare_reliability_diagrams, reliability_diagram
 
     reliability = evaluation["reliability"]
-    if len(reliability) == 1:
-        reliability_diagram(next(iter(reliability.values())), title=title, path=path)
+    panels = {side: reliability[side] for side in ("uncalibrated", "calibrated") if side in reliability}
+    if len(panels) == 1:
+        reliability_diagram(next(iter(panels.values())), title=title, path=path)
     else:
-        compare_reliability_diagrams(dict(reliability), title=title, path=path)
+        compare_reliability_diagrams(panels, title=title, path=path)
+
+
+@contextlib.contextmanager
+def fallback_reported_here() -> Iterator[None]:
+    """Silence ``TemperatureScalingFallbackWarning`` inside: the commands print their own line about it."""
+    from .modeling import TemperatureScalingFallbackWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TemperatureScalingFallbackWarning)
+        yield
 
 
 # ============================================================================ commands
@@ -549,12 +580,13 @@ def process_state() -> Any:
 def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate fit``: load, fit, evaluate, print the table, save and/or push.
 
-    Without ``--eval-split`` the evaluation reuses the base logits the fit computed over the
-    calibration split (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs
-    over it once, not twice.
+    The table is of the evaluation split (:func:`fit_splits`). Without one it is of the calibration
+    split itself, labelled in-sample everywhere, and reuses the base logits the fit computed
+    (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs over it once, not twice.
     """
     from .backbones import adapt
     from .modeling import fit_and_evaluate
+    from .reporting import CLI_FALLBACK_ADVICE, FALLBACK_SAVED, evaluation_label, in_sample_warning, source_display_name
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
@@ -565,37 +597,35 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
         loaded = load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained, num_classes=args.num_classes)
     if loaded.calibrated:
         raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); fit a calibration of its base model instead.")
-    backbone = adapt(loaded.model)
-    wanted = {"calibration": (args.split, ("calibration", "validation"), "--split")}
-    if args.validation_split:
-        wanted["validation"] = (args.validation_split, (), "--validation-split")
-    if args.eval_split:
-        wanted["evaluation"] = (args.eval_split, (), "--eval-split")
-    data = load_data(args, backbone, state, options.get("label_column"), wanted)
-    evaluation_data = data.get("evaluation", data["calibration"])
+    data = load_data(args, adapt(loaded.model), state, options.get("label_column"), lambda available: fit_splits(args, available))
+    role = "evaluation" if "evaluation" in data.splits else "calibration"
+    if role == "evaluation" and not args.eval_split:
+        console.note(f"evaluating on the split {data.names[role]!r}, which the fit does not use (--eval-split chooses another)")
+    dataset = source_display_name(args.dataset)
     calibrated, evaluation = fit_and_evaluate(
-        loaded.model, data["calibration"], evaluation_data, method=args.method, validation_data=data.get("validation"),
-        evaluation_options={
-            "dataset_name": dataset_display_name(args.dataset), "split": str(evaluation_data.split or ""), **engine_options(options),
-        },
+        loaded.model, data.splits["calibration"], data.splits[role], method=args.method,
+        validation_data=data.splits.get("validation"), dataset_name=dataset, split=data.names["calibration"],
+        evaluation_options={"dataset_name": dataset, "split": data.names[role], **engine_options(options)},
         **{"preprocessor": loaded.preprocessor, **options},
     )
-    console.result(f"{args.method} calibration of {args.model} on {dataset_display_name(args.dataset)} "
-                   f"({evaluation_data.split}, {len(evaluation_data)} samples):")
+    console.result(f"{args.method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
     console.result(metric_table(evaluation))
-    if "evaluation" not in data:
-        console.note(f"note: evaluated on the calibration split '{evaluation_data.split}' itself (no --eval-split given); "
-                     "numbers on held-out data are more honest.")
-    save_and_push(calibrated, args, state, console)
+    console.warn(in_sample_warning(evaluation, data.available))
+    fallback = calibrated.fallback_note()
+    console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
+    save_and_push(calibrated, args, state, console, base_model_id=loaded.hub_id)
 
 
-def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console: Console) -> None:
-    """Write the calibrated model to ``--output`` and push it to ``--push-to-hub`` (main process only)."""
+def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console: Console, base_model_id: Optional[str]) -> None:
+    """Write the calibrated model to ``--output`` and push it to ``--push-to-hub`` (main process only);
+    ``base_model_id``: the base's hub repo, when known (the card's ``base_model``)."""
     if args.output is not None:
-        calibrated.save_pretrained(args.output, is_main_process=state.is_main_process, repo_id=args.push_to_hub)
+        calibrated.save_pretrained(args.output, is_main_process=state.is_main_process, repo_id=args.push_to_hub,
+                                   base_model_id=base_model_id)
         console.note(f"saved the calibrated model, its model card and reliability diagram to {args.output}")
     if args.push_to_hub is not None and state.is_main_process:
-        commit = calibrated.push_to_hub(args.push_to_hub, private=args.private or None, token=args.token)
+        commit = calibrated.push_to_hub(args.push_to_hub, private=args.private or None, token=args.token,
+                                        base_model_id=base_model_id)
         console.note(f"pushed to {args.push_to_hub}: {getattr(commit, 'commit_url', commit)}")
     state.wait_for_everyone()
 
@@ -603,6 +633,8 @@ def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console
 def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate evaluate``: metrics of a calibrated (before/after) or plain model."""
     from .backbones import adapt
+    from .cards import diagram_title
+    from .reporting import evaluation_label, in_sample_warning, source_display_name
 
     if args.diagram is not None and state.is_main_process:
         check_writable(args.diagram, "--diagram", folder=False)
@@ -610,21 +642,20 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
         loaded = load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained, num_classes=args.num_classes)
     if args.push_results and not loaded.calibrated:
         raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
-    wanted = {"evaluation": (args.split, ("test",), "--split")}
-    data = load_data(args, adapt(loaded.base), state, args.label_column, wanted)["evaluation"]
+    data = load_data(args, adapt(loaded.base), state, args.label_column,
+                     lambda available: {"evaluation": select_split(available, args.split, ("test",), "--split")})
     options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
-    naming = dict(dataset_name=dataset_display_name(args.dataset), split=str(data.split or ""), n_bins=args.n_bins)
-    if loaded.calibrated:
-        evaluation = loaded.model.evaluate(data, **naming, **options)
-    else:
-        evaluation = evaluate_plain_model(loaded.model, data, **naming, **options)
+    naming = dict(dataset_name=source_display_name(args.dataset), split=data.names["evaluation"], n_bins=args.n_bins)
+    evaluate = loaded.model.evaluate if loaded.calibrated else functools.partial(evaluate_plain_model, loaded.model)
+    evaluation = evaluate(data.splits["evaluation"], **naming, **options)
     if args.json:
-        console.result(json.dumps(evaluation_json(evaluation, args.model), indent=2))
+        console.result(json.dumps({"model": args.model, **evaluation}, indent=2))
     else:
-        console.result(f"{args.model} on {naming['dataset_name']} ({naming['split']}, {len(data)} samples):")
+        console.result(f"{args.model} on {evaluation_label(evaluation)}:")
         console.result(metric_table(evaluation))
+    console.warn(in_sample_warning(evaluation, data.available))
     if args.diagram is not None and state.is_main_process:
-        draw_diagram(evaluation, args.diagram, title=f"{args.model} on {naming['dataset_name']} ({naming['split']})")
+        draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation)}")
         console.note(f"wrote the reliability diagram to {args.diagram}")
     if args.push_results and state.is_main_process:
         from . import _hub
@@ -655,7 +686,7 @@ def evaluate_plain_model(model: Any, data: Any, *, n_bins: int, dataset_name: st
     for logits, labels in engine.stream(prepared, indices, backbone.logits, num_classes=backbone.num_classes, description="evaluating"):
         metrics.update(logits, labels, from_logits=True)
     return {
-        "uncalibrated": metrics.compute(sync=False), "reliability": {"uncalibrated": metrics.reliability(sync=False)},
+        "uncalibrated": metrics.compute(sync=False), "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
         "dataset": dataset_name, "split": split, "n_bins": n_bins,
     }
 
@@ -736,6 +767,7 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate demo``: TS and Neural Clamping on the zoo models, one table, saved models."""
     from . import demo as zoo
     from .modeling import CalibratedModel
+    from .reporting import FALLBACK_SAVED
 
     start = time.perf_counter()
     if state.is_main_process:
@@ -755,14 +787,22 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
             options = config.neural_clamping if method == "neural_clamping" else {}
             console.note(f"[{position}/{len(args.models)}] {key}: {method} on {len(calibration)} calibration samples")
             calibrated = CalibratedModel.fit(
-                model.model, calibration, method=method, preprocessor=preprocessor, **{**flag_options(args), **options}
+                model.model, calibration, method=method, preprocessor=preprocessor, dataset_name=spec.dataset,
+                split="calibration", **{**flag_options(args), **options},
             )
+            fallback = calibrated.fallback_note()
+            console.warn(fallback and f"{model.name}, {method}: {fallback} {FALLBACK_SAVED}")
             evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", **flag_options(args))
-            calibrated.save_pretrained(args.output / model.name / method, is_main_process=state.is_main_process)
+            calibrated.save_pretrained(args.output / demo_folder(model.name, method), is_main_process=state.is_main_process)
             rows.append(_demo_row(model.name, method, evaluation))
     console.result(_demo_report(rows, settings, args.quick))
-    console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>/<method>/ "
+    console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
+
+
+def demo_folder(model: str, method: str) -> str:
+    """The folder (and card title) of one demo calibration, e.g. ``bbc-minilm-l6-neural-clamping``."""
+    return f"{model}-{method.replace('_', '-')}"
 
 
 def _demo_settings(name: str, config: DemoConfig, calibration: Any, test: Any) -> str:
@@ -801,7 +841,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         state = process_state()
         console = Console(state.is_main_process, json_output=getattr(args, "json", False))
-        with _library_progress_bars(args.progress):
+        with _library_progress_bars(args.progress), fallback_reported_here():
             args.handler(args, state, console)
         from ._distributed import shut_down
 

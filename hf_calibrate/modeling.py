@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -35,7 +36,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from . import _hub, cards, serialization
+from . import _hub, cards, reporting, serialization
+from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
@@ -48,6 +50,20 @@ from .metrics._checks import check_n_bins
 from .version import __version__
 
 TASKS = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}
+
+
+class TemperatureScalingFallbackWarning(UserWarning):
+    """A Neural Clamping fit fell back to plain temperature scaling: δ did not help on the held-out selection data."""
+
+
+def _weakly_referable(source: Any) -> bool:
+    if source is None:
+        return False
+    try:
+        weakref.ref(source)
+    except TypeError:
+        return False
+    return True
 
 
 class CalibratedConfig(PreTrainedConfig):
@@ -100,13 +116,20 @@ def _engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str
     return EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
 
 
-def _check_evaluation_arguments(n_bins: Any, dataset_name: Any, split: Any, options: Dict[str, Any]) -> None:
-    """``evaluate``'s arguments, checked before any work (``fit_and_evaluate`` checks them before fitting)."""
-    check_n_bins(n_bins)
-    for name, value in (("dataset_name", dataset_name), ("split", split)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
-    _engine_options(options, "evaluate", ("n_bins", "dataset_name", "split"))
+#: ``evaluate``'s own keywords (beside the engine options) and their defaults
+EVALUATION_KEYWORDS: Dict[str, Any] = {"n_bins": 15, "dataset_name": None, "split": None, "in_sample": None}
+
+
+def _check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> None:
+    """``evaluate``'s arguments (``own``: its :data:`EVALUATION_KEYWORDS`), checked before any work
+    (``fit_and_evaluate`` checks them before fitting)."""
+    check_n_bins(own["n_bins"])
+    for name in ("dataset_name", "split"):
+        if own[name] is not None and not isinstance(own[name], str):
+            raise TypeError(f"{name} must be a string or None, got {own[name]!r} ({type(own[name]).__name__}).")
+    if own["in_sample"] is not None and not isinstance(own["in_sample"], bool):
+        raise TypeError(f"in_sample must be True, False or None, got {own['in_sample']!r}.")
+    _engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS))
 
 
 def _split_options(method: str, options: Dict[str, Any]):
@@ -155,6 +178,8 @@ class CalibratedModel(PreTrainedModel):
         self.fit_summary: Dict[str, Any] = {}
         self.provenance: Dict[str, Any] = {}
         self.last_evaluation: Optional[Dict[str, Any]] = None
+        #: weak references to the data objects :meth:`fit` was given (see :meth:`fitted_on`)
+        self._fitted_data: List[weakref.ref] = []
         #: the image processor or tokenizer saved beside the model (from fit or the saved folder)
         self.preprocessor: Any = None
         self.post_init()
@@ -225,6 +250,8 @@ class CalibratedModel(PreTrainedModel):
         method: str = "neural_clamping",
         validation_data: Any = None,
         temperature_data: Any = None,
+        dataset_name: Optional[str] = None,
+        split: Optional[str] = None,
         **options: Any,
     ) -> "CalibratedModel":
         """Fit a calibration of ``model`` on held-out labelled ``calibration_data``.
@@ -244,32 +271,39 @@ class CalibratedModel(PreTrainedModel):
                 (default: they hold out ``holdout_fraction`` of ``calibration_data``).
             temperature_data: where head methods fit their optional temperature
                 (``temperature=True``; default: the validation data).
+            dataset_name, split: how the model card and evaluations name the calibration data
+                (default: what a ``datasets.Dataset`` records, see :mod:`hf_calibrate.reporting`).
             **options: the method's options (e.g. ``NeuralClamping.Options``) and the options
                 of every fit (:class:`hf_calibrate.fitting.EngineOptions`: ``batch_size``,
                 ``seed``, ``progress``, ``mixed_precision``, ``preprocessor``, ...).
 
         Returns:
-            The fitted ``CalibratedModel``; ``fit_summary`` holds the fit history.
+            The fitted ``CalibratedModel``; ``fit_summary`` holds the fit history. A Neural Clamping
+            fit whose δ did not beat temperature scaling on the held-out selection data is plain
+            temperature scaling: its ``fit_summary["fell_back_to_temperature_scaling"]`` is True and
+            the fit warns (:class:`TemperatureScalingFallbackWarning`).
         """
-        return cls._fit(model, calibration_data, method, validation_data, temperature_data, options, keep_logits=False)[0]
+        data = (calibration_data, validation_data, temperature_data)
+        return cls._fit(model, data, method, options, naming=(dataset_name, split), keep_logits=False)[0]
 
     @classmethod
     def _fit(
         cls,
         model: nn.Module,
-        calibration_data: Any,
+        data_sources: Tuple[Any, Any, Any],
         method: str,
-        validation_data: Any,
-        temperature_data: Any,
         options: Dict[str, Any],
         *,
+        naming: Tuple[Optional[str], Optional[str]],
         keep_logits: bool,
     ) -> Tuple["CalibratedModel", Optional[Tuple[torch.Tensor, torch.Tensor]]]:
-        """:meth:`fit`, and with ``keep_logits`` the base logits (N, C) float32 and labels (N,) of every calibration
-        sample in dataset order, as the fit computed them (None when it did not compute all of them)."""
+        """:meth:`fit` of (calibration, validation, temperature) ``data_sources``, the calibration data named
+        ``naming`` (display name, split); with ``keep_logits`` also the base logits (N, C) float32 and labels (N,)
+        of every calibration sample in dataset order, as the fit computed them (None when it did not compute all)."""
         engine_options, method_options = _split_options(method, options)
         engine = Engine(engine_options)
         backbone = adapt(model, classifier=getattr(method_options, "classifier", None))
+        calibration_data, validation_data, temperature_data = data_sources
         with frozen(model):
             model.to(engine.device)
             prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_options.data_options())  # noqa: E731
@@ -293,9 +327,10 @@ class CalibratedModel(PreTrainedModel):
         calibrated.preprocessor = contract_preprocessor(engine_options.preprocessor, contract)
         calibrated.provenance = {
             "dataset": data.description,
-            "dataset_name": data.name,
-            "split": data.split,
+            "dataset_name": naming[0] or reporting.data_display_name(calibration_data),
+            "split": naming[1] or reporting.data_split(calibration_data),
             "num_samples": len(data),
+            "data_fingerprints": [fp for fp in map(reporting.data_fingerprint, data_sources) if fp is not None],
             "seed": engine_options.seed,
             "options": options_to_dict(method_options),
             "batch_size": engine_options.batch_size,
@@ -304,11 +339,37 @@ class CalibratedModel(PreTrainedModel):
             "base_fingerprint": serialization.weights_fingerprint(model),
             "input_contract": contract,
         }
+        calibrated._fitted_data = [weakref.ref(source) for source in data_sources if _weakly_referable(source)]
+        note = calibrated.fallback_note()
+        if note is not None and engine.is_main:
+            warn_user(f"{note} {reporting.FALLBACK_ADVICE}", TemperatureScalingFallbackWarning)
         return calibrated, kept
+
+    def fallback_note(self) -> Optional[str]:
+        """The sentence saying this Neural Clamping fit fell back to temperature scaling, or None when it did not."""
+        return reporting.fallback_note(self.fit_summary, (self.provenance.get("options") or {}).get("select_metric", "nll"))
+
+    def fitted_on(self, data: Any) -> bool:
+        """Whether ``data`` are data this calibration was fitted on: the very calibration, validation or temperature
+        data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given), or a
+        ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded,
+        so this holds for a loaded model too)."""
+        source = reporting.data_source(data)
+        if any(reporting.data_source(reference()) is source for reference in self._fitted_data):
+            return True
+        fingerprint = reporting.data_fingerprint(data)
+        return fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ())
 
     # -------------------------------------------------- evaluation
     def evaluate(
-        self, data: Any, *, n_bins: int = 15, dataset_name: Optional[str] = None, split: Optional[str] = None, **options: Any
+        self,
+        data: Any,
+        *,
+        n_bins: int = 15,
+        dataset_name: Optional[str] = None,
+        split: Optional[str] = None,
+        in_sample: Optional[bool] = None,
+        **options: Any,
     ) -> Dict[str, Any]:
         """Metrics of the base and the calibrated model on labelled ``data``, side by side.
 
@@ -316,42 +377,44 @@ class CalibratedModel(PreTrainedModel):
         preprocessor, progress, ...; the preprocessor defaults to the model's own). Runs on every
         process under Accelerate: each process scores its shard and the streaming accumulators
         are summed. ``dataset_name`` and ``split`` label the results in model cards (default:
-        what a ``datasets.Dataset`` records). The result is kept as ``last_evaluation`` and
-        goes into the saved record and model card.
+        what a ``datasets.Dataset`` records). ``in_sample`` says whether ``data`` are data the
+        calibration was fitted on (None: :meth:`fitted_on` decides); in-sample results are
+        labelled so in the card, the diagram and the CLI. The result is kept as
+        ``last_evaluation`` and goes into the saved record and model card.
 
         Returns:
-            ``{"uncalibrated": metrics, "calibrated": metrics, "reliability": {...}, "dataset": str}``
-            where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics`
-            and ``reliability`` holds the :class:`~hf_calibrate.metrics.ReliabilityBins` of each.
+            Plain JSON data (``json.dumps`` takes it): ``{"uncalibrated": metrics, "calibrated":
+            metrics, "reliability": {side: bins}, "dataset": str, "split": str or None, "n_bins": int,
+            "in_sample": bool, "calibration_dataset": str, "calibration_split": str or None}``, where
+            metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` and bins are
+            ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads them back; the
+            plotting functions take them as they are).
         """
-        return self._evaluate(data, n_bins, dataset_name, split, options, kept=None)
+        own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": in_sample}
+        return self._evaluate(data, own, options, kept=None)
 
     @torch.no_grad()
     def _evaluate(
-        self,
-        data: Any,
-        n_bins: int,
-        dataset_name: Optional[str],
-        split: Optional[str],
-        options: Dict[str, Any],
-        *,
-        kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
+        self, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
     ) -> Dict[str, Any]:
-        """:meth:`evaluate`; ``kept``: the base logits (N, C) and labels (N,) of every sample of ``data`` in dataset
-        order (from :meth:`_fit`), used instead of running the base model again."""
-        _check_evaluation_arguments(n_bins, dataset_name, split, options)
+        """:meth:`evaluate` (``own``: its :data:`EVALUATION_KEYWORDS`); ``kept``: the base logits (N, C) and labels (N,)
+        of every sample of ``data`` in dataset order (from :meth:`_fit`), used instead of running the base model again."""
+        _check_evaluation_arguments(own, options)
         options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
-        engine = Engine(_engine_options(options, "evaluate", ("n_bins", "dataset_name", "split")))
+        engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
-        uncalibrated, calibrated = self._score(engine, prepared, n_bins, kept)
+        uncalibrated, calibrated = self._score(engine, prepared, own["n_bins"], kept)
         result = {
             "uncalibrated": uncalibrated.compute(),
             "calibrated": calibrated.compute(),
-            "reliability": {"uncalibrated": uncalibrated.reliability(), "calibrated": calibrated.reliability()},
-            "dataset": dataset_name or prepared.name or prepared.description,
-            "split": split or prepared.split,
-            "n_bins": n_bins,
+            "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
+            "dataset": own["dataset_name"] or reporting.data_display_name(data),
+            "split": own["split"] or reporting.data_split(data),
+            "n_bins": own["n_bins"],
+            "in_sample": own["in_sample"] if own["in_sample"] is not None else self.fitted_on(data),
+            "calibration_dataset": self.provenance.get("dataset_name"),
+            "calibration_split": self.provenance.get("split"),
         }
         self.last_evaluation = result
         return result
@@ -469,7 +532,7 @@ class CalibratedModel(PreTrainedModel):
             preprocessor: image processor or tokenizer to save beside it (default: the one
                 given to :meth:`fit`), so pipelines find it.
             overwrite_card: replace a ``README.md`` in the folder that hf_calibrate did not write.
-            repo_id: the hub id the card's usage snippet shows.
+            repo_id: the hub id the card's title and usage snippet show (default: this folder).
             is_main_process: only the main process writes (as in transformers).
             **transformers_kwargs: accepted for compatibility with ``Trainer`` and
                 ``PreTrainedModel.push_to_hub`` (``state_dict``, ``safe_serialization``,
@@ -496,11 +559,13 @@ class CalibratedModel(PreTrainedModel):
         if problem:
             raise ValueError(f"base_model_id={base_model_id!r} {problem}; pass the base's hub repo id, e.g. 'org/name'.")
         self.config.architectures = [type(self).__name__]
-        evaluation = self.last_evaluation or {}
+        # save_artifact hands `reliability` to cards.write_diagram, which draws the evaluation's bins and titles them
+        # with what they were computed on; `repo_id` goes to cards.render_card: a str is a hub repo id, a Path the folder.
         return serialization.save_artifact(
             Path(save_directory), record=record, config_json=self.config.to_dict(), base_model=self.base_model,
             calibrator=self.calibrator, preprocessor=preprocessor if preprocessor is not None else self.preprocessor,
-            reliability=evaluation.get("reliability"), repo_id=repo_id, overwrite_card=overwrite_card,
+            reliability=record["evaluation"], repo_id=repo_id if repo_id is not None else Path(save_directory),
+            overwrite_card=overwrite_card,
         )
 
     @classmethod
@@ -561,7 +626,7 @@ class CalibratedModel(PreTrainedModel):
         model.provenance.update(
             options=record.get("options", {}), base_fingerprint=base_info.get("fingerprint"), input_contract=record.get("input_contract")
         )
-        model.last_evaluation = _evaluation_from_record(record.get("evaluation"), root)
+        model.last_evaluation = _evaluation_from_record(record, root)
         model.preprocessor = preprocessor
         if target_dtype is not None:
             model.base_model.to(target_dtype)
@@ -628,15 +693,18 @@ def fit_and_evaluate(
     method: str = "neural_clamping",
     validation_data: Any = None,
     temperature_data: Any = None,
+    dataset_name: Optional[str] = None,
+    split: Optional[str] = None,
     evaluation_options: Optional[Dict[str, Any]] = None,
     **options: Any,
 ) -> Tuple[CalibratedModel, Dict[str, Any]]:
     """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
 
     The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
-    validation_data=validation_data, temperature_data=temperature_data, **options)`` followed by
-    ``calibrated.evaluate(evaluation_data, **evaluation_options)`` (``evaluation_data`` None: the
-    calibration data; ``evaluation_options``: ``n_bins``, ``dataset_name``, ``split`` and engine options).
+    validation_data=validation_data, temperature_data=temperature_data, dataset_name=dataset_name,
+    split=split, **options)`` followed by ``calibrated.evaluate(evaluation_data, **evaluation_options)``
+    (``evaluation_data`` None: the calibration data, an in-sample evaluation; ``evaluation_options``:
+    ``n_bins``, ``dataset_name``, ``split``, ``in_sample`` and engine options).
 
     When the evaluation data are the calibration data (None or the same object) and the evaluation
     runs the base model as the fit did (the same engine options, except ``progress``,
@@ -658,14 +726,15 @@ def fit_and_evaluate(
         (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
     """
     evaluation_options = dict(evaluation_options or {})
-    own = {key: evaluation_options.pop(key, default) for key, default in (("n_bins", 15), ("dataset_name", None), ("split", None))}
-    _check_evaluation_arguments(own["n_bins"], own["dataset_name"], own["split"], evaluation_options)
+    own = {key: evaluation_options.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
+    _check_evaluation_arguments(own, evaluation_options)
     reuse = (evaluation_data is None or evaluation_data is calibration_data) and _same_base_pass(options, evaluation_options)
     calibrated, kept = CalibratedModel._fit(
-        model, calibration_data, method, validation_data, temperature_data, options, keep_logits=reuse
+        model, (calibration_data, validation_data, temperature_data), method, options,
+        naming=(dataset_name, split), keep_logits=reuse,
     )
     data = calibration_data if evaluation_data is None else evaluation_data
-    evaluation = calibrated._evaluate(data, own["n_bins"], own["dataset_name"], own["split"], evaluation_options, kept=kept)
+    evaluation = calibrated._evaluate(data, own, evaluation_options, kept=kept)
     return calibrated, evaluation
 
 
@@ -720,33 +789,34 @@ def backbone_device(model: nn.Module) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
+#: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.reporting`)
+_EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "calibration_dataset", "calibration_split")
+
+
 def _evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The JSON-able part of :meth:`CalibratedModel.evaluate`'s result, for the record and card."""
+    """The record's part of :meth:`CalibratedModel.evaluate`'s result: what it names, the card's metrics, the bins."""
     if not evaluation:
         return None
-    return {
-        "dataset": evaluation["dataset"],
-        "split": evaluation.get("split"),
-        "n_bins": evaluation.get("n_bins"),
-        **cards.card_metrics(evaluation),
-        "reliability": {side: bins.to_dict() for side, bins in evaluation["reliability"].items()},
-    }
+    named = {key: evaluation[key] for key in _EVALUATION_NAMES if key in evaluation}
+    return {**named, **cards.card_metrics(evaluation), "reliability": dict(evaluation["reliability"])}
 
 
-def _evaluation_from_record(record: Optional[Dict[str, Any]], root: Optional[Path] = None) -> Optional[Dict[str, Any]]:
-    """:meth:`CalibratedModel.evaluate`'s result from the record's ``evaluation`` (ArtifactError when malformed)."""
-    if not record:
+def _evaluation_from_record(record: Dict[str, Any], root: Optional[Path] = None) -> Optional[Dict[str, Any]]:
+    """:meth:`CalibratedModel.evaluate`'s result from the ``evaluation`` of ``record`` (ArtifactError when malformed);
+    an evaluation saved before the record named whether it was in-sample is completed from the record's ``fit``."""
+    evaluation = record.get("evaluation")
+    if not evaluation:
         return None
-    evaluation = {key: value for key, value in record.items() if key != "reliability"}
     try:
-        evaluation["reliability"] = {side: ReliabilityBins.from_dict(data) for side, data in (record.get("reliability") or {}).items()}
+        for bins in (evaluation.get("reliability") or {}).values():
+            ReliabilityBins.from_dict(bins)
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, OverflowError) as error:
         file = (root or Path(".")) / serialization.CALIBRATION_CONFIG
         raise serialization.ArtifactError(
             f"{file}: key 'evaluation.reliability' is not a set of reliability bins ({type(error).__name__}: {error}); "
             f"{serialization.RESAVE}"
         ) from None
-    return evaluation
+    return reporting.completed_evaluation(evaluation, record["fit"])
 
 
 def _load_verified(

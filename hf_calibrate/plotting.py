@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Tuple, Union
 
 import numpy as np
 
@@ -21,9 +21,16 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ACCURACY_COLOR = "#4c72b0"
-# (edge and hatch, opaque face) of the gap between accuracy and mean confidence.
+# (edge and hatch, face) of the gap between accuracy and mean confidence. The over-confident gap lies above the
+# accuracy bar and has a face; the under-confident one lies on the bar's top part, so it is hatch only: the bar
+# stays visible up to the accuracy.
 OVERCONFIDENT_COLORS = ("#d55e00", "#eebf99")  # confidence above accuracy
-UNDERCONFIDENT_COLORS = ("#009e73", "#99d8c7")  # accuracy above confidence
+UNDERCONFIDENT_COLORS = ("#7fffd4", "none")  # accuracy above confidence
+ACCURACY_LABEL = "accuracy"
+OVERCONFIDENT_LABEL = "over-confident: confidence above accuracy"
+UNDERCONFIDENT_LABEL = "under-confident: accuracy above confidence"
+#: what a diagram takes for one panel: bins, or their JSON form (``ReliabilityBins.to_dict()``)
+Bins = Union[ReliabilityBins, Mapping[str, Any]]
 PANEL_SIZE = (4.2, 5.4)  # inches per diagram (width, height)
 DPI = 150
 
@@ -43,9 +50,15 @@ def _new_figure(size: Tuple[float, float]) -> "Figure":
 
 
 def _check_bins(bins: Any, name: str = "bins") -> ReliabilityBins:
+    """``bins`` as checked ReliabilityBins; their JSON form (``ReliabilityBins.to_dict()``) is read back first."""
+    if isinstance(bins, Mapping):
+        try:
+            bins = ReliabilityBins.from_dict(bins)
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"{name} is not the JSON form of ReliabilityBins ({type(error).__name__}: {error}).") from None
     if not isinstance(bins, ReliabilityBins):
         raise ValueError(
-            f"{name} must be a ReliabilityBins (see hf_calibrate.metrics.reliability_bins), "
+            f"{name} must be a ReliabilityBins (see hf_calibrate.metrics.reliability_bins) or its to_dict() form, "
             f"got {type(bins).__name__}."
         )
     n_bins = bins.counts.shape[0]
@@ -69,22 +82,21 @@ def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str
     confidence = bins.mean_confidence[filled]
 
     ax.bar(left, accuracy, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="white",
-           linewidth=0.8, label="accuracy")
-    for kind, mask, (edge, face), hatch in [
-        ("over", confidence > accuracy, OVERCONFIDENT_COLORS, "///"),
-        ("under", accuracy > confidence, UNDERCONFIDENT_COLORS, "\\\\\\"),
+           linewidth=0.8, label=ACCURACY_LABEL)
+    for label, mask, (edge, face), hatch in [
+        (OVERCONFIDENT_LABEL, confidence > accuracy, OVERCONFIDENT_COLORS, "///"),
+        (UNDERCONFIDENT_LABEL, accuracy > confidence, UNDERCONFIDENT_COLORS, "\\\\\\"),
     ]:
         if mask.any():
             low = np.minimum(accuracy, confidence)[mask]
             ax.bar(left[mask], np.abs(accuracy - confidence)[mask], bottom=low, width=width[mask], align="edge",
-                   facecolor=face, edgecolor=edge, hatch=hatch, linewidth=0.8,
-                   label=f"gap, {kind}-confident")
+                   facecolor=face, edgecolor=edge, hatch=hatch, linewidth=0.8, label=label)
     ax.plot([0, 1], [0, 1], linestyle="--", color="0.3", linewidth=1.0, label="perfect calibration")
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", xticks=np.linspace(0, 1, 6), yticks=np.linspace(0, 1, 6))
     ax.grid(True, linewidth=0.4, alpha=0.5)
     ax.set_axisbelow(True)
     ece = f"ECE = {bins.ece:.2%}"
-    ax.set_title(f"{title}\n{ece}" if title else ece)
+    ax.set_title(f"{title}\n{ece}" if title else ece, wrap=True)
     if count_ax is None:
         ax.set_xlabel("confidence")
         return
@@ -131,7 +143,7 @@ def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
 
 
 def reliability_diagram(
-    bins: ReliabilityBins | None = None,
+    bins: Bins | None = None,
     *,
     probs: Any = None,
     labels: Any = None,
@@ -144,14 +156,14 @@ def reliability_diagram(
 ) -> "Figure":
     """Draw a reliability diagram: per-bin accuracy against confidence, and samples per bin.
 
-    Pass either ``bins`` (from :func:`hf_calibrate.metrics.reliability_bins` or
-    ``CalibrationMetrics.reliability()``) or ``probs`` (N, C) and ``labels`` (N,), which are
-    binned here into ``n_bins`` equal-width bins (``from_logits`` applies softmax first).
+    Pass either ``bins`` (from :func:`hf_calibrate.metrics.reliability_bins`, ``CalibrationMetrics.reliability()``,
+    or their ``to_dict()`` form, as ``CalibratedModel.evaluate`` returns them) or ``probs`` (N, C) and ``labels``
+    (N,), binned here into ``n_bins`` equal-width bins (``from_logits`` applies softmax first).
 
-    Bars show each non-empty bin's accuracy; the gap to the bin's mean confidence is hatched,
-    in orange where the model is over-confident (confidence above accuracy) and green where
-    it is under-confident. The dashed diagonal is perfect calibration, and a log-scale
-    histogram of samples per bin sits below. The title carries the ECE.
+    Bars reach each non-empty bin's accuracy. The gap to its mean confidence is hatched: orange, with a face,
+    above the bar where the model is over-confident (confidence above accuracy); green hatch only, over the
+    bar's top, where it is under-confident (the bar stays visible up to the accuracy). The dashed diagonal is
+    perfect calibration; a log-scale histogram of samples per bin sits below. The title carries the ECE.
 
     Args:
         title: text above the ECE in the title.
@@ -185,7 +197,7 @@ def reliability_diagram(
         figure = _new_figure(PANEL_SIZE)
         ax, count_ax = _panel_axes(figure, 1)[0]
         _draw(bins, ax, count_ax, title)
-        _figure_legend(figure, [ax], columns=2)
+        _figure_legend(figure, [ax], columns=1)
     else:
         figure = ax.figure
         _draw(bins, ax, count_ax, title)
@@ -196,7 +208,7 @@ def reliability_diagram(
 
 
 def compare_reliability_diagrams(
-    diagrams: Mapping[str, ReliabilityBins],
+    diagrams: Mapping[str, Bins],
     *,
     title: str | None = None,
     path: str | os.PathLike | None = None,
@@ -204,7 +216,7 @@ def compare_reliability_diagrams(
     """Draw several reliability diagrams side by side, one per entry, in one figure.
 
     Args:
-        diagrams: panel title -> bins, drawn left to right in order, e.g.
+        diagrams: panel title -> bins (or their ``to_dict()`` form), drawn left to right in order, e.g.
             ``{"uncalibrated": bins_a, "temperature scaling": bins_b}``.
         title: overall title above the panels.
         path: also write the figure as a PNG there (atomically).
@@ -231,9 +243,9 @@ def compare_reliability_diagrams(
     panels = _panel_axes(figure, len(checked))
     for (name, bins), (ax, count_ax) in zip(checked.items(), panels):
         _draw(bins, ax, count_ax, name)
-    _figure_legend(figure, [ax for ax, _ in panels], columns=4)
+    _figure_legend(figure, [ax for ax, _ in panels], columns=2)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(title, wrap=True)
     if path is not None:
         _save_atomically(figure, path)
     return figure

@@ -4,16 +4,22 @@ and ``push_evaluation_results``, which replaces the hub card's results with a ne
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator
 
+import datasets
 import pytest
+import torch
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from PIL import Image
 
 import _tiny_models as tm
+from hf_calibrate import CalibratedModel, cards, plotting
 from hf_calibrate._hub import push_evaluation_results
 from hf_calibrate.cards import DIAGRAM_FILE
+from hf_calibrate.metrics import ReliabilityBins, brier_score
+from hf_calibrate.modeling import TemperatureScalingFallbackWarning
 from hf_calibrate.serialization import ArtifactError
 
 METRICS = ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier")
@@ -79,7 +85,7 @@ def test_card_body_describes_method_hyperparameters_and_provenance(evaluated_car
     options = vit["calibrated"].provenance["options"]
     assert "| `delta_weight` | `[0.05]` |" in text and f"| `epochs` | `{options['epochs']}` |" in text
     assert "| `lr` | `0.01` |" in text and "| `delta_init_scale` | `0.001` |" in text  # exact, not rounded
-    assert "| dataset | TensorDataset(64 samples) |" in text
+    assert "| dataset | TensorDataset |" in text and "| split | not recorded |" in text
     assert "| samples | 64 |" in text and "| seed | 3 |" in text
     assert "[org/base](https://huggingface.co/org/base)" in text
     assert 'CalibratedModel.from_pretrained("someone/calibrated-vit")' in text
@@ -113,13 +119,15 @@ def test_card_states_the_neural_clamping_selection_and_its_fallback(tmp_path):
     from hf_calibrate.cards import _fmt
 
     base = tm.tiny_timm(0)
-    fallback = tm.fit(base, tm.image_data(base, 96, sharpness=8.0), "neural_clamping", temperature_init=1000.0, lr=1e-12,
-                      epochs=1, holdout_fraction=0.25)
+    with pytest.warns(TemperatureScalingFallbackWarning):
+        fallback = tm.fit(base, tm.image_data(base, 96, sharpness=8.0), "neural_clamping", temperature_init=1000.0,
+                          lr=1e-12, epochs=1, holdout_fraction=0.25)
     assert fallback.fit_summary["fell_back_to_temperature_scaling"]
     fallback.save_pretrained(tmp_path / "model")
     text = ModelCard.load(tmp_path / "model" / "README.md").text
     kept = fallback.fit_summary["temperature_scaling"]["fallback_temperature"]
-    assert "did not beat temperature scaling (held-out nll" in text and f"T = {_fmt(kept)})" in text
+    assert "did not beat temperature scaling on the held-out selection data (24 samples, held-out nll" in text
+    assert f"plain temperature scaling: δ = 0, T = {_fmt(kept)}." in text
     assert float(fallback.calibrator.temperature) == pytest.approx(kept, rel=1e-6)
 
 
@@ -160,6 +168,10 @@ def test_push_evaluation_results(hub_online, vit, evaluated_before):
     assert card.text == before_card.text  # the body is kept
     assert card.data.base_model == "org/base" and card.data.tags == before_card.data.tags
     assert card.data.model_name == repo_id.split("/")[-1]
+    # the pushed card names its repo: title, usage snippet, no placeholder
+    assert card.text.count(f"# {repo_id.split('/')[-1]}\n") == 1 and "<repo>" not in card.text
+    assert f'CalibratedModel.from_pretrained("{repo_id}")' in card.text
+    assert f'AutoModelFor…from_pretrained("{repo_id}", subfolder="base")' in card.text
 
 
 def test_push_evaluation_results_needs_a_card(hub_online, vit):
@@ -191,3 +203,204 @@ def test_committed_example_cards_match_their_runs(folder):
     assert card.data.library_name == "hf_calibrate"
     with Image.open(EXAMPLES / folder / DIAGRAM_FILE) as image:
         assert image.size[0] > 300
+
+
+# ----------------------------------------------------------------------------- what the card says is true
+
+
+def _card(folder: Path) -> ModelCard:
+    return ModelCard.load(folder / "README.md")
+
+
+def test_card_is_named_after_its_folder_and_shows_how_to_load_it(tmp_path):
+    """Saved locally, the card's title is the folder's name and its usage snippet loads that folder: no placeholder."""
+    base, data, _ = tm.make_base("timm")
+    folder = tmp_path / "digits-resnet-ts"
+    tm.fit(base, data, "temperature").save_pretrained(folder)
+    card = _card(folder)
+    assert card.data.model_name == "digits-resnet-ts" and "\n# digits-resnet-ts\n" in card.text
+    assert "calibrated-model" not in str(card) and "<repo>" not in str(card)
+    assert f'CalibratedModel.from_pretrained("{folder}")' in card.text
+    assert f'timm.create_model("local-dir:{folder}", pretrained=True)' in card.text
+
+
+def test_card_names_the_base_model_for_the_hub_model_tree(tmp_path):
+    """The base's hub id is ``base_model``; a calibration fits parameters on the frozen base: an adapter."""
+    base = tm.tiny_vit(name_or_path="org/base")
+    data = tm.image_data(base, 32)
+    tm.fit(base, data, "temperature").save_pretrained(tmp_path / "ts")
+    metadata = _card(tmp_path / "ts").data.to_dict()
+    assert (metadata["base_model"], metadata["base_model_relation"]) == ("org/base", "adapter")
+    timm_base, timm_data, _ = tm.make_base("timm")
+    tm.fit(timm_base, timm_data, "temperature").save_pretrained(tmp_path / "timm", base_model_id="timm/resnet10t.c3_in1k")
+    metadata = _card(tmp_path / "timm").data.to_dict()
+    assert (metadata["base_model"], metadata["base_model_relation"]) == ("timm/resnet10t.c3_in1k", "adapter")
+
+
+def test_card_states_the_brier_definition_without_claims_about_other_libraries(evaluated_card, vit):
+    """The card's Brier is the squared distance to the one-hot label summed over the classes (range [0, 2])."""
+    text = evaluated_card["card"].text
+    assert "sklearn" not in text and "scikit" not in text
+    assert "summed over the classes" in text and "from 0 to 2" in text
+    probs = torch.softmax(torch.randn(50, 4, generator=torch.Generator().manual_seed(0)), dim=1).double()
+    labels = torch.arange(50) % 4
+    assert brier_score(probs, labels) == pytest.approx(float(((probs - torch.eye(4)[labels]) ** 2).sum(1).mean()))
+
+
+def test_card_says_what_preprocessing_images_need(evaluated_card):
+    usage = evaluated_card["card"].text.split("## How to use")[1].split("## Limitations")[0]
+    # the test ViT is calibrated on tensors: only their measured size is known
+    assert "The calibration data were preprocessed by the user into 16×16 inputs: preprocess inputs the same way." in usage
+    assert "The calibration holds for inputs preprocessed like that only" in usage
+
+
+def test_card_says_what_preprocessing_texts_need(tmp_path):
+    tokenizer = tm.minilm_tokenizer()
+    base = tm.tiny_bert(vocab_size=len(tokenizer))
+    rows = datasets.Dataset.from_dict({"text": tm.sentences(32), "label": [i % tm.NUM_CLASSES for i in range(32)]})
+    tm.fit(base, rows, "temperature", preprocessor=tokenizer, max_length=12).save_pretrained(tmp_path / "model")
+    usage = _card(tmp_path / "model").text.split("## How to use")[1].split("## Limitations")[0]
+    assert "Texts are tokenized by the saved tokenizer and truncated to 12 tokens" in usage and "truncation=True" in usage
+
+
+def test_processor_inputs_are_described_in_plain_words():
+    """An image processor's contract in words: resize, rescale, normalise, and that the processor is saved."""
+    record = {"base_model": {"task": "image-classification"}, "input_contract": {
+        "input_size": [3, 16, 16], "preprocessing": {
+            "source": "ViTImageProcessor", "do_resize": True, "size": {"height": 16, "width": 16}, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}}
+    [images, holds] = cards.input_notes(record)
+    assert images.startswith("Images are resized to {'height': 16, 'width': 16}, rescaled by 0.00392157, normalised with "
+                             "mean 0.5 (every channel) and std 0.5 (every channel)")
+    assert "ViTImageProcessor" in images and "saved with the model" in images and "preprocessed like that" in holds
+
+
+@pytest.fixture(scope="module")
+def in_sample_folder(vit, tmp_path_factory) -> Path:
+    """The ViT calibration evaluated on its own calibration data (as a CLI fit without a held-out split does)."""
+    calibrated = vit["calibrated"]
+    calibrated.evaluate(vit["data"], dataset_name="digits-16px", split="calibration", progress=False)
+    folder = tmp_path_factory.mktemp("in-sample") / "model"
+    calibrated.save_pretrained(folder)
+    return folder
+
+
+def test_in_sample_results_are_labelled_in_the_card_and_model_index(in_sample_folder):
+    card = _card(in_sample_folder)
+    assert "**In-sample results.** Evaluated on **digits-16px, calibration split, 64 samples**" in card.text
+    assert "optimistic" in card.text and "(in-sample)" in card.text  # the diagram's alt text too
+    for result in card.data.eval_results:
+        assert result.dataset_name == "digits-16px (in-sample: the calibration data)" and "in-sample" in result.metric_name
+    record = json.loads((in_sample_folder / "calibration_config.json").read_text())
+    assert {key: record["evaluation"][key] for key in ("in_sample", "split", "calibration_split")} == {
+        "in_sample": True, "split": "calibration", "calibration_split": None}
+
+
+def test_held_out_results_name_both_datasets(evaluated_card):
+    card, record = evaluated_card["card"], json.loads((evaluated_card["folder"] / "calibration_config.json").read_text())
+    assert "In-sample" not in card.text and "in-sample" not in str(card.data.to_dict())
+    assert "Evaluated on **digits-16px, test split, 48 samples** (15 bins); the calibration was\nfitted on TensorDataset." in card.text
+    assert record["evaluation"]["in_sample"] is False
+
+
+def test_a_card_rendered_later_from_the_saved_record_says_the_same(in_sample_folder):
+    """The record carries in_sample and the split names, so any later rendering labels the results the same."""
+    record = json.loads((in_sample_folder / "calibration_config.json").read_text())
+    later = cards.render_card(record, repo_id="someone/model")
+    assert "**In-sample results.**" in later.text
+    assert {r.dataset_name for r in later.data.eval_results} == {"digits-16px (in-sample: the calibration data)"}
+    reloaded = CalibratedModel.from_pretrained(in_sample_folder)
+    assert reloaded.last_evaluation["in_sample"] is True
+
+
+def test_a_record_saved_before_in_sample_was_recorded_is_read_by_its_splits():
+    """Older records lack ``in_sample``: an evaluation on the split the calibration was fitted on counts as in-sample."""
+    record = json.loads((EXAMPLES / "digits-timm-resnet10t-temperature" / "calibration_config.json").read_text())
+    old = {key: value for key, value in record["evaluation"].items() if key not in ("in_sample", "calibration_split")}
+    for fit_split, in_sample in (("test", True), ("calibration", False)):
+        rendered = cards.render_card({**record, "evaluation": old, "fit": {**record["fit"], "split": fit_split}})
+        assert ("**In-sample results.**" in rendered.text) is in_sample, fit_split
+
+
+def test_evaluate_detects_its_own_calibration_data(vit):
+    """The very calibration data object, or a datasets.Dataset with its fingerprint, is in-sample; other data are not."""
+    calibrated = vit["calibrated"]
+    assert calibrated.evaluate(vit["data"], progress=False)["in_sample"] is True
+    assert calibrated.evaluate(vit["test"], progress=False)["in_sample"] is False
+    assert calibrated.evaluate(vit["test"], in_sample=True, progress=False)["in_sample"] is True
+    base, _, _ = tm.make_base("timm")
+    rows = datasets.Dataset.from_dict({"pixel_values": tm.image_tensors(24).numpy(), "label": [i % 4 for i in range(24)]})
+    fitted = tm.fit(base, rows, "temperature")
+    again = datasets.Dataset.from_dict({"pixel_values": tm.image_tensors(24).numpy(), "label": [i % 4 for i in range(24)]})
+    assert again is not rows and fitted.evaluate(again, progress=False)["in_sample"] is True
+    assert fitted.evaluate(rows.select(range(12)), progress=False)["in_sample"] is False
+
+
+def test_evaluate_returns_plain_json_data(vit, in_sample_folder):
+    """``json.dumps(calibrated.evaluate(test))`` works and reads back; so does the saved record's evaluation."""
+    evaluation = vit["calibrated"].evaluate(vit["test"], dataset_name="digits-16px", split="test", progress=False)
+    assert json.loads(json.dumps(evaluation)) == evaluation
+    for side in ("uncalibrated", "calibrated"):
+        bins = ReliabilityBins.from_dict(evaluation["reliability"][side])
+        assert bins.ece == pytest.approx(evaluation[side]["ece"], abs=1e-9)
+    saved = json.loads((in_sample_folder / "calibration_config.json").read_text())["evaluation"]
+    assert json.loads(json.dumps(saved)) == saved
+    reloaded = CalibratedModel.from_pretrained(in_sample_folder).last_evaluation
+    assert json.loads(json.dumps(reloaded)) == reloaded
+
+
+def test_the_diagram_title_names_the_data_and_says_in_sample(in_sample_folder, evaluated_card, monkeypatch):
+    """The saved diagram's title says what it was computed on, and in-sample on its own line."""
+    titles = []
+    draw = plotting.compare_reliability_diagrams
+
+    def recording(diagrams, **kwargs):
+        figure = draw(diagrams, **kwargs)
+        titles.append((figure.get_suptitle(), [ax.get_title().split("\n")[0] for ax in figure.axes[0::2]]))
+        return figure
+
+    monkeypatch.setattr(plotting, "compare_reliability_diagrams", recording)
+    for folder in (in_sample_folder, evaluated_card["folder"]):
+        cards.write_diagram(folder, json.loads((folder / "calibration_config.json").read_text())["evaluation"])
+    (in_sample, in_panels), (held_out, held_panels) = titles
+    assert in_sample == ("Reliability on digits-16px, calibration split, 64 samples\n"
+                         "In-sample: data the calibration was fitted on, so optimistic")
+    assert held_out == "Reliability on digits-16px, test split, 48 samples"
+    assert in_panels == held_panels == ["uncalibrated", "calibrated"]
+
+
+def test_a_neural_clamping_fallback_warns_at_the_users_line():
+    """A fit that fell back to temperature scaling says so: a warning pointing at the caller, and the summary's flag."""
+    base = tm.tiny_timm(0)
+    data = tm.image_data(base, 96, sharpness=8.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallback = CalibratedModel.fit(base, data, method="neural_clamping", temperature_init=1000.0, lr=1e-12, epochs=1,
+                                       holdout_fraction=0.25, batch_size=32, progress=False)
+    [warning] = [w for w in caught if issubclass(w.category, TemperatureScalingFallbackWarning)]
+    assert issubclass(warning.category, UserWarning) and warning.filename == __file__
+    assert "did not beat temperature scaling" in str(warning.message) and "method 'temperature'" in str(warning.message)
+    assert fallback.fit_summary["fell_back_to_temperature_scaling"] is True
+    assert float(fallback.calibrator.delta.abs().max()) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TemperatureScalingFallbackWarning)
+        kept = CalibratedModel.fit(base, data, method="neural_clamping", epochs=1, holdout_fraction=0.0, batch_size=32,
+                                   progress=False)
+    assert kept.fit_summary["fell_back_to_temperature_scaling"] is False
+
+
+def test_the_record_schema_checks_the_new_evaluation_keys_and_old_records_still_load():
+    """``in_sample``, the split names and the fit's data fingerprints are optional keys of the record's schema."""
+    from hf_calibrate.serialization.schema import seal_record, validate_record
+
+    record = json.loads((EXAMPLES / "digits-timm-resnet10t-temperature" / "calibration_config.json").read_text())
+    old = dict(record, evaluation={k: v for k, v in record["evaluation"].items()
+                                   if k not in ("in_sample", "calibration_dataset", "calibration_split")},
+               fit={k: v for k, v in record["fit"].items() if k != "data_fingerprints"})
+    validate_record(seal_record(old), "old")
+    for key, bad in (("in_sample", "yes"), ("calibration_split", 3)):
+        broken = seal_record(dict(record, evaluation={**record["evaluation"], key: bad}))
+        with pytest.raises(ArtifactError, match=f"'evaluation.{key}'"):
+            validate_record(broken, "broken")
+    with pytest.raises(ArtifactError, match="'fit.data_fingerprints'"):
+        validate_record(seal_record(dict(record, fit={**record["fit"], "data_fingerprints": "abc"})), "broken")

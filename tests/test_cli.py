@@ -151,6 +151,109 @@ def test_push_results_rewrites_the_card_metadata(fitted, digits_folder, hub_onli
     assert [float(v) for v in printed.split()[1:3]] == [round(ece["uncalibrated"], 4), round(ece["calibrated"], 4)]
 
 
+@pytest.fixture(scope="module")
+def validation_and_test_folder(digits_cnn, tmp_path_factory) -> Path:
+    """A dataset whose calibration split is called 'validation', beside a 'test' split."""
+    dataset = digits_cnn.dataset
+    return write_image_folder(tmp_path_factory.mktemp("vt") / "digits-vt", {"validation": dataset["calibration"], "test": dataset["test"]})
+
+
+@pytest.fixture(scope="module")
+def held_out_by_default(digits_cnn, validation_and_test_folder, hub_server, tmp_path_factory) -> Dict[str, object]:
+    """``fit`` of a base given by its hub repo id, without --eval-split, on a dataset with 'validation' and 'test'."""
+    import timm
+
+    base_repo = hub_server.unique_repo_id("digits-cnn-base")
+    output = tmp_path_factory.mktemp("held-out") / "digits-ts"
+    with hub_server.configure_client():
+        timm.models.push_to_hf_hub(digits_cnn.model, base_repo)
+        result = run_cli("fit", "--model", base_repo, "--dataset", str(validation_and_test_folder), "--method", "temperature",
+                         "--output", str(output), "--no-progress")
+    assert_ok(result)
+    return {"output": output, "base_repo": base_repo, "stdout": result.stdout, "stderr": result.stderr}
+
+
+def test_fit_evaluates_on_the_held_out_split_by_default_and_names_it_the_same_everywhere(held_out_by_default):
+    """'validation' calibrates, 'test' evaluates (and the command says so); the CLI, the card, its model-index and
+    the record name the dataset and both splits the same way; the base's hub id is the card's base_model."""
+    from huggingface_hub import ModelCard
+
+    stdout, output = held_out_by_default["stdout"], held_out_by_default["output"]
+    record = json.loads((output / "calibration_config.json").read_text())
+    evaluation = record["evaluation"]
+    assert {key: evaluation[key] for key in ("dataset", "split", "in_sample", "calibration_dataset", "calibration_split")} == {
+        "dataset": "digits-vt", "split": "test", "in_sample": False, "calibration_dataset": "digits-vt",
+        "calibration_split": "validation"}
+    samples = evaluation["calibrated"]["num_samples"]
+    assert "evaluating on the split 'test', which the fit does not use" in stdout
+    assert f"evaluated on digits-vt, test split, {samples} samples:" in stdout and "warning" not in held_out_by_default["stderr"]
+    card = ModelCard.load(output / "README.md")
+    assert "| dataset | digits-vt |" in card.text and "| split | validation |" in card.text
+    assert f"Evaluated on **digits-vt, test split, {samples} samples**" in card.text
+    assert "fitted on digits-vt, validation split." in card.text
+    assert {(r.dataset_name, r.dataset_split) for r in card.data.eval_results} == {("digits-vt", "test")}
+    assert card.data.base_model == held_out_by_default["base_repo"] and card.data.to_dict()["base_model_relation"] == "adapter"
+    assert card.data.model_name == "digits-ts" and "<repo>" not in card.text
+
+
+@pytest.fixture(scope="module")
+def in_sample_fallback(digits_cnn, tmp_path_factory) -> Dict[str, object]:
+    """A Neural Clamping ``fit`` on a dataset with only a 'validation' split, set up so δ cannot beat temperature scaling."""
+    folder = write_image_folder(tmp_path_factory.mktemp("only") / "digits-val", {"validation": digits_cnn.dataset["calibration"]})
+    output = tmp_path_factory.mktemp("in-sample") / "calibrated"
+    result = run_cli("fit", "--model", str(digits_cnn.path), "--dataset", str(folder), "--method", "neural_clamping",
+                     "--option", "epochs=1", "--option", "lr=1e-12", "--option", "temperature_init=1000.0",
+                     "--batch-size", "200", "--output", str(output), "--no-progress")
+    assert_ok(result)
+    return {"output": output, "folder": folder, "stdout": result.stdout, "stderr": result.stderr}
+
+
+def test_fit_without_a_held_out_split_labels_its_results_in_sample(in_sample_fallback):
+    from huggingface_hub import ModelCard
+
+    stdout, stderr, output = in_sample_fallback["stdout"], in_sample_fallback["stderr"], in_sample_fallback["output"]
+    assert "evaluated on digits-val, validation split" in stdout and "(in-sample: data the calibration was fitted on" in stdout
+    [warning] = [line for line in stderr.splitlines() if line.startswith("warning: these results are in-sample")]
+    assert "optimistic" in warning and "--eval-split" in warning and "['validation']" in warning
+    evaluation = json.loads((output / "calibration_config.json").read_text())["evaluation"]
+    assert (evaluation["in_sample"], evaluation["split"], evaluation["calibration_split"]) == (True, "validation", "validation")
+    card = ModelCard.load(output / "README.md")
+    assert "**In-sample results.** Evaluated on **digits-val, validation split" in card.text
+    assert {r.dataset_name for r in card.data.eval_results} == {"digits-val (in-sample: the calibration data)"}
+
+
+def test_fit_says_when_neural_clamping_fell_back_to_temperature_scaling(in_sample_fallback):
+    """One line: δ did not help on the held-out part, the saved model is plain temperature scaling, what to try."""
+    stderr = in_sample_fallback["stderr"]
+    [line] = [line for line in stderr.splitlines() if "did not beat temperature scaling" in line]
+    assert line.startswith("warning: ") and "The saved model is this temperature scaling" in line
+    assert "--method temperature" in line and "--option epochs" in line
+    assert "TemperatureScalingFallbackWarning" not in stderr  # the library's warning is not shown twice
+    record = json.loads((in_sample_fallback["output"] / "calibration_config.json").read_text())
+    assert record["fit"]["summary"]["fell_back_to_temperature_scaling"] is True
+
+
+def test_evaluate_on_the_calibration_split_is_in_sample(in_sample_fallback):
+    """A later ``evaluate`` on the split the model was calibrated on knows it (same data, same fingerprint)."""
+    result = run_cli("evaluate", "--model", str(in_sample_fallback["output"]), "--dataset", str(in_sample_fallback["folder"]),
+                     "--json", "--no-progress")
+    assert_ok(result)
+    assert json.loads(result.stdout)["in_sample"] is True
+    assert "warning: these results are in-sample" in result.stderr
+
+
+def test_evaluate_json_is_the_whole_evaluation(local_evaluation):
+    """``--json`` prints plain JSON data: every metric, what it was computed on, and the reliability bins."""
+    from hf_calibrate.metrics import ReliabilityBins
+
+    assert json.loads(json.dumps(local_evaluation)) == local_evaluation
+    assert (local_evaluation["split"], local_evaluation["in_sample"], local_evaluation["calibration_split"]) == (
+        "test", False, "calibration")
+    for side in ("uncalibrated", "calibrated"):
+        bins = ReliabilityBins.from_dict(local_evaluation["reliability"][side])
+        assert bins.ece == pytest.approx(local_evaluation[side]["ece"], abs=1e-9)
+
+
 def test_evaluate_plain_model_reports_the_base_metrics(local_evaluation, digits_cnn, digits_folder, tmp_path):
     diagram = tmp_path / "plain.png"
     plain = evaluate_json(str(digits_cnn.path), digits_folder, "test", "--diagram", str(diagram))

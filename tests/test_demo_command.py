@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_calibrate.cli import DEMO_METRICS, DEMO_METHODS
+from hf_calibrate.cli import DEMO_METRICS, DEMO_METHODS, demo_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
@@ -37,12 +37,17 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
     assert set(rows) == {(model, method) for model in MODELS for method in DEMO_METHODS}, result.stdout
 
     for (model, method), (count, printed) in rows.items():
-        folder = output / model / method
+        folder = output / demo_folder(model, method)
         card = (folder / "README.md").read_text(encoding="utf-8")
         assert card.startswith("---") and "model-index" in card
+        assert f"\n# {folder.name}\n" in card and "<repo>" not in card  # named after its folder, no placeholder
+        dataset = "BBC News" if model.startswith("bbc") else "scikit-learn digits"  # one name everywhere
+        assert f"| dataset | {dataset} |\n| split | calibration |" in card
+        assert f"Evaluated on **{dataset}, test split, {count} samples**" in card
         assert (folder / "reliability_diagram.png").read_bytes().startswith(b"\x89PNG")
         evaluation = json.loads((folder / "calibration_config.json").read_text())["evaluation"]
         assert evaluation["split"] == "test" and evaluation["calibrated"]["num_samples"] == count
+        assert (evaluation["in_sample"], evaluation["calibration_split"]) == (False, "calibration")
         for key, (before, after) in printed.items():
             assert float(before) == round(evaluation["uncalibrated"][key], 4), (model, method, key)
             assert float(after) == round(evaluation["calibrated"][key], 4), (model, method, key)

@@ -90,8 +90,8 @@ def test_bars_are_the_bins_accuracy_and_the_gaps_reach_mean_confidence():
     np.testing.assert_allclose([b.get_x() for b in accuracy_bars], bins.edges[:-1][filled])
     np.testing.assert_allclose([b.get_width() for b in accuracy_bars], np.diff(bins.edges)[filled])
 
-    over = bars(ax, "gap, over-confident")
-    assert len(over) > len(bars(ax, "gap, under-confident"))  # scaled logits: mostly over-confident
+    over = bars(ax, plotting.OVERCONFIDENT_LABEL)
+    assert len(over) > len(bars(ax, plotting.UNDERCONFIDENT_LABEL))  # scaled logits: mostly over-confident
     gaps = {round(b.get_x(), 9): (b.get_y(), b.get_y() + b.get_height()) for b in over}
     lefts, accuracies, confidences = bins.edges[:-1][filled], bins.accuracy[filled], bins.mean_confidence[filled]
     for left, accuracy, confidence in zip(lefts, accuracies, confidences):
@@ -109,12 +109,59 @@ def test_over_and_under_confidence_are_drawn_distinguishably():
         mean_confidence=np.array([0.3, 0.9]), accuracy=np.array([0.4, 0.6]), ece=0.2,
     )
     ax = reliability_diagram(bins).axes[0]
-    [under], [over] = bars(ax, "gap, under-confident"), bars(ax, "gap, over-confident")
+    [under], [over] = bars(ax, plotting.UNDERCONFIDENT_LABEL), bars(ax, plotting.OVERCONFIDENT_LABEL)
     assert (under.get_x(), under.get_y(), under.get_y() + under.get_height()) == pytest.approx((0.0, 0.3, 0.4))
     assert (over.get_x(), over.get_y(), over.get_y() + over.get_height()) == pytest.approx((0.5, 0.6, 0.9))
     accuracy_face = bars(ax, "accuracy")[0].get_facecolor()
-    assert len({under.get_facecolor(), over.get_facecolor(), accuracy_face}) == 3
+    assert len({under.get_edgecolor(), over.get_edgecolor(), accuracy_face}) == 3
     assert under.get_hatch() != over.get_hatch()
+
+
+def visible_patch(ax, x: float, y: float):
+    """The patch whose face shows at data point (x, y): the last drawn (by zorder, then order) of those with a
+    face that contain it, or None. Hatch-only patches (no face) let what is under them show."""
+    shown = None
+    for patch in sorted(ax.patches, key=lambda p: p.get_zorder()):
+        left, bottom = patch.get_x(), patch.get_y()
+        inside = left <= x <= left + patch.get_width() and bottom <= y <= bottom + patch.get_height()
+        if inside and patch.get_facecolor()[3] > 0:
+            shown = patch
+    return shown
+
+
+def test_bars_show_the_accuracy_in_both_directions_of_miscalibration():
+    """The bar the legend calls accuracy is what shows up to the accuracy, in under-confident bins too (accuracy
+    0.40, confidence 0.24: the bar must not stop at 0.24); each gap spans accuracy to confidence, labelled by side."""
+    bins = ReliabilityBins(
+        edges=np.array([0.0, 0.5, 1.0]), counts=np.array([10, 10]),
+        mean_confidence=np.array([0.24, 0.9]), accuracy=np.array([0.40, 0.6]), ece=0.23,
+    )
+    ax = reliability_diagram(bins).axes[0]
+    under_bin, over_bin = bars(ax, "accuracy")
+    assert [under_bin.get_height(), over_bin.get_height()] == pytest.approx([0.40, 0.6])
+    for y in (0.1, 0.3, 0.39):  # below the confidence and between confidence and accuracy: the accuracy bar
+        assert visible_patch(ax, 0.25, y) is under_bin, y
+    assert visible_patch(ax, 0.25, 0.45) is None  # above the accuracy: nothing
+    assert visible_patch(ax, 0.75, 0.5) is over_bin
+    [over_gap] = [p for p in ax.patches if visible_patch(ax, 0.75, 0.8) is p]
+    assert (over_gap.get_y(), over_gap.get_y() + over_gap.get_height()) == pytest.approx((0.6, 0.9))
+    under_gaps = [p for p in ax.patches if p is not under_bin and p.get_x() == 0.0 and p.get_hatch()]
+    assert [(p.get_y(), p.get_y() + p.get_height()) for p in under_gaps] == [pytest.approx((0.24, 0.40))]
+    legend = [text.get_text() for text in reliability_diagram(bins).legends[0].get_texts()]
+    assert any("over-confident" in t and "confidence above accuracy" in t for t in legend), legend
+    assert any("under-confident" in t and "accuracy above confidence" in t for t in legend), legend
+
+
+def test_bins_in_their_json_form_draw_the_same():
+    """``evaluate`` returns bins as ``ReliabilityBins.to_dict()``; the diagrams take that form as it is."""
+    as_dict = reliability_diagram(BINS.to_dict()).axes[0]
+    as_bins = reliability_diagram(BINS).axes[0]
+    assert [b.get_height() for b in bars(as_dict, "accuracy")] == pytest.approx([b.get_height() for b in bars(as_bins, "accuracy")])
+    assert as_dict.get_title() == as_bins.get_title()
+    figure = compare_reliability_diagrams({"uncalibrated": BINS.to_dict(), "calibrated": BINS})
+    assert len(figure.axes) == 4
+    with pytest.raises(ValueError, match="JSON form of ReliabilityBins"):
+        reliability_diagram({"counts": [1]})
 
 
 def test_empty_bins_draw_nothing():
@@ -124,7 +171,7 @@ def test_empty_bins_draw_nothing():
     accuracy_bars = bars(ax, "accuracy")
     assert [round(b.get_x(), 9) for b in accuracy_bars] == [0.5, 0.9]
     assert [b.get_height() for b in accuracy_bars] == [1.0, 0.5]
-    gaps = bars(ax, "gap, over-confident") + bars(ax, "gap, under-confident")
+    gaps = bars(ax, plotting.OVERCONFIDENT_LABEL) + bars(ax, plotting.UNDERCONFIDENT_LABEL)
     assert sorted(round(b.get_x(), 9) for b in gaps) == [0.5, 0.9]
     assert [b.get_height() for b in bars(count_ax, "samples")] == [2, 2]
 

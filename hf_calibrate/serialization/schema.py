@@ -156,6 +156,17 @@ def _number_list(value: Any, low: float, high: float, allow_null: bool) -> bool:
     )
 
 
+def _text_list(max_items: int, max_length: int) -> Check:
+    item = _text(max_length)
+
+    def check(value: Any) -> Optional[str]:
+        if isinstance(value, list) and len(value) <= max_items and not any(item(entry) for entry in value):
+            return None
+        return f"must be a list of at most {max_items} strings of at most {max_length} characters"
+
+    return check
+
+
 def _reliability(value: Any) -> Optional[str]:
     """Reliability bins by side: equal-length lists of counts (≥ 0) and of mean confidence and accuracy (in [0, 1] or null)."""
     if isinstance(value, dict) and len(value) <= 16 and all(
@@ -221,7 +232,13 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "preprocessing": Field(_optional(_json_object())),
     "fit": Field(_mapping, 1),
     "fit.summary": Field(_optional(_mapping)),
+    "fit.data_fingerprints": Field(_text_list(8, 64)),
     "evaluation": Field(_optional(_mapping)),
+    "evaluation.dataset": Field(_text(1024)),
+    "evaluation.split": Field(_optional(_text(256))),
+    "evaluation.in_sample": Field(_boolean),
+    "evaluation.calibration_dataset": Field(_optional(_text(1024))),
+    "evaluation.calibration_split": Field(_optional(_text(256))),
     "evaluation.reliability": Field(_optional(_reliability)),
     "files": Field(_mapping, 1),
     "files.weights": Field(path_problem, 1),

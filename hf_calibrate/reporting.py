@@ -1,0 +1,172 @@
+"""What results were computed on, said in one place, so the model card, the reliability diagram, the CLI
+and the warnings of ``fit`` say the same.
+
+An *evaluation* (a :meth:`CalibratedModel.evaluate` result, or the ``evaluation`` entry of a
+calibration record) names what it was computed on and what the calibration was fitted on:
+
+``dataset``, ``split``
+    the evaluation data's display name and split (the split may be None);
+``in_sample``
+    True when the evaluation data are data the calibration was fitted on (its calibration,
+    validation or temperature data): such numbers are optimistic;
+``calibration_dataset``, ``calibration_split``
+    the display name and split of the calibration data.
+
+A display name is given by the caller (the CLI gives the folder, file or hub id it read), else
+taken from the data: a ``datasets`` name, except the names of ``datasets``' file readers
+("imagefolder", "csv", ...), which say only how the files were read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Collection, Dict, Mapping, Optional, Sequence
+
+from torch.utils.data import DataLoader
+
+#: ``datasets`` builders that read local files: their name says how the data were read, not what they are
+FILE_BUILDERS = frozenset({
+    "arrow", "audiofolder", "csv", "generator", "imagefolder", "json", "pandas", "parquet", "sql", "text",
+    "videofolder", "webdataset", "xml",
+})
+#: splits taken, in this order, as held-out evaluation data when none is named
+HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
+IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
+FALLBACK_ADVICE = (
+    "To get a δ that helps, try more calibration data or a separate validation split, a longer schedule "
+    "(options epochs, lr) or another select_metric; or use the method 'temperature', which fits this same model directly."
+)
+FALLBACK_SAVED = "The saved model is this temperature scaling."
+#: :data:`FALLBACK_ADVICE` in the terms of ``hf-calibrate fit``
+CLI_FALLBACK_ADVICE = (
+    "To get a δ that helps, try more calibration data or --validation-split, a longer schedule (--option epochs=N, "
+    "--option lr=X), or --method temperature, which fits this same model directly."
+)
+
+
+# ----------------------------------------------------------------------------- names of data
+
+
+def data_source(data: Any) -> Any:
+    """The dataset behind ``data`` (a DataLoader's dataset, else ``data`` itself)."""
+    return data.dataset if isinstance(data, DataLoader) else data
+
+
+def _is_datasets_object(data: Any) -> bool:
+    return type(data).__module__.split(".")[0] == "datasets"
+
+
+def source_display_name(source: str) -> str:
+    """How results name a dataset given as a path or hub id: a local folder or file by its name, a hub id as it is."""
+    path = Path(source)
+    return Path(os.path.abspath(path)).name if path.exists() else source
+
+
+def data_display_name(data: Any) -> str:
+    """How results name ``data`` when the caller gives no name: its ``datasets`` name, else what kind of data it is."""
+    source = data_source(data)
+    name = getattr(getattr(source, "info", None), "dataset_name", None) if _is_datasets_object(source) else None
+    if name:
+        return f"local {name} files" if name in FILE_BUILDERS else str(name)
+    kind = type(source).__name__
+    return f"datasets.{kind}" if _is_datasets_object(source) else kind
+
+
+def data_split(data: Any) -> Optional[str]:
+    """The split a ``datasets.Dataset`` records (None for other data)."""
+    source = data_source(data)
+    split = getattr(source, "split", None) if _is_datasets_object(source) else None
+    return str(split) if split is not None else None
+
+
+def data_fingerprint(data: Any) -> Optional[str]:
+    """The fingerprint of a ``datasets.Dataset`` (the same rows through the same transforms give the same one)."""
+    source = data_source(data)
+    fingerprint = getattr(source, "_fingerprint", None) if _is_datasets_object(source) else None
+    return fingerprint if isinstance(fingerprint, str) else None
+
+
+def data_label(name: str, split: Optional[str], samples: Optional[int] = None) -> str:
+    """``"digits, test split, 450 samples"``: a dataset's display name, split and size, as results show them."""
+    parts = [name, *([f"{split} split"] if split else []), *([f"{samples} samples"] if samples is not None else [])]
+    return ", ".join(parts)
+
+
+def held_out_split(available: Sequence[str], used: Collection[str]) -> Optional[str]:
+    """The first of :data:`HELD_OUT_SPLITS` in ``available`` that the fit does not use, or None."""
+    return next((name for name in HELD_OUT_SPLITS if name in available and name not in used), None)
+
+
+# ----------------------------------------------------------------------------- labels of evaluations
+
+
+def _samples(evaluation: Mapping[str, Any]) -> Optional[int]:
+    side = evaluation.get("calibrated") or evaluation.get("uncalibrated") or {}
+    return side.get("num_samples")
+
+
+def evaluated_on(evaluation: Mapping[str, Any]) -> str:
+    """What ``evaluation`` was computed on, in words: ``"digits, test split, 450 samples"``."""
+    return data_label(evaluation["dataset"], evaluation.get("split"), _samples(evaluation))
+
+
+def evaluation_label(evaluation: Mapping[str, Any]) -> str:
+    """:func:`evaluated_on`, marked as in-sample when it is (how the CLI's output names an evaluation)."""
+    label = evaluated_on(evaluation)
+    return f"{label} ({IN_SAMPLE_NOTE})" if evaluation.get("in_sample") else label
+
+
+def calibration_label(evaluation: Mapping[str, Any]) -> Optional[str]:
+    """What the evaluated calibration was fitted on, in words (None when the evaluation does not say)."""
+    name = evaluation.get("calibration_dataset")
+    return data_label(name, evaluation.get("calibration_split")) if name else None
+
+
+def in_sample_warning(evaluation: Mapping[str, Any], available_splits: Sequence[str]) -> Optional[str]:
+    """The command line's warning about in-sample results, and what to do (None when they are not in-sample)."""
+    if not evaluation.get("in_sample"):
+        return None
+    return (
+        f"these results are in-sample: the split {evaluation.get('split')!r} is data the calibration was fitted on, so "
+        f"they are optimistic. Evaluate on a split the fit did not use (the dataset's splits: {list(available_splits)}), "
+        "with --eval-split SPLIT for fit or --split SPLIT for evaluate."
+    )
+
+
+def model_index_dataset_name(evaluation: Mapping[str, Any]) -> str:
+    """The model-index ``dataset.name`` of ``evaluation``: its display name, marked as calibration data when in-sample."""
+    name = evaluation["dataset"]
+    return f"{name} (in-sample: the calibration data)" if evaluation.get("in_sample") else name
+
+
+def completed_evaluation(evaluation: Mapping[str, Any], fit: Mapping[str, Any]) -> Dict[str, Any]:
+    """``evaluation`` with the keys records saved before they existed lack, read off the record's ``fit``.
+
+    Such an evaluation counts as in-sample when it names the split the calibration was fitted on.
+    """
+    completed = dict(evaluation)
+    completed.setdefault("calibration_dataset", fit.get("dataset_name") or fit.get("dataset"))
+    completed.setdefault("calibration_split", fit.get("split"))
+    if "in_sample" not in completed:
+        split = completed.get("split")
+        completed["in_sample"] = bool(split) and split == completed["calibration_split"]
+    return completed
+
+
+# ----------------------------------------------------------------------------- Neural Clamping's fallback
+
+
+def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[str]:
+    """The sentence saying a Neural Clamping fit fell back to temperature scaling (None when it did not)."""
+    if not summary.get("fell_back_to_temperature_scaling"):
+        return None
+    scaling = summary.get("temperature_scaling") or {}
+    baseline = scaling.get(f"holdout_{select_metric}")
+    temperature = scaling.get("fallback_temperature", scaling.get("temperature"))
+    score = f", held-out {select_metric} {baseline:.4f} for temperature scaling" if baseline is not None else ""
+    return (
+        f"Neural Clamping's δ did not beat temperature scaling on the held-out selection data "
+        f"({summary.get('holdout_samples')} samples{score}), so the fitted model is plain temperature scaling: "
+        f"δ = 0, T = {temperature:.4f}."
+    )

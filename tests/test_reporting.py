@@ -1,0 +1,60 @@
+"""How results name what they were computed on (:mod:`hf_calibrate.reporting`): one place for the card, the
+diagram, the CLI and the warnings of ``fit``."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hf_calibrate import reporting
+
+
+@pytest.mark.parametrize(
+    ("available", "used", "expected"),
+    [
+        (["validation", "test"], {"validation"}, "test"),
+        (["train", "calibration", "validation"], {"calibration"}, "validation"),
+        (["calibration", "test"], {"calibration", "test"}, None),  # test is the --validation-split: not held out
+        (["train", "validation"], {"validation"}, None),  # the base's training data never count as held out
+        (["validation"], {"validation"}, None),
+    ],
+)
+def test_held_out_split_is_one_the_fit_does_not_use(available, used, expected):
+    assert reporting.held_out_split(available, used) == expected
+
+
+def test_sources_are_named_by_what_the_user_gave(tmp_path):
+    folder = tmp_path / "bbc"
+    folder.mkdir()
+    (folder / "validation.csv").write_text("text,label\n")
+    assert reporting.source_display_name(str(folder)) == "bbc"
+    assert reporting.source_display_name(f"{folder}/") == "bbc"
+    assert reporting.source_display_name(str(folder / "validation.csv")) == "validation.csv"
+    assert reporting.source_display_name("SetFit/bbc-news") == "SetFit/bbc-news"
+
+
+def test_data_are_named_by_their_dataset_not_by_the_reader_of_their_files():
+    rows = datasets.Dataset.from_dict({"x": [1, 2]}, info=datasets.DatasetInfo(dataset_name="imagefolder"),
+                                      split="validation")
+    assert (reporting.data_display_name(rows), reporting.data_split(rows)) == ("local imagefolder files", "validation")
+    named = datasets.Dataset.from_dict({"x": [1]}, info=datasets.DatasetInfo(dataset_name="bbc-news"))
+    assert (reporting.data_display_name(named), reporting.data_split(named)) == ("bbc-news", None)
+    assert reporting.data_display_name(datasets.Dataset.from_dict({"x": [1]})) == "datasets.Dataset"
+    tensors = TensorDataset(torch.zeros(2, 3), torch.zeros(2))
+    assert reporting.data_display_name(tensors) == reporting.data_display_name(DataLoader(tensors)) == "TensorDataset"
+    assert reporting.data_fingerprint(tensors) is None and reporting.data_fingerprint(named) == named._fingerprint
+
+
+def test_labels_of_evaluations():
+    evaluation = {"dataset": "digits", "split": "test", "calibrated": {"num_samples": 450}, "in_sample": False,
+                  "calibration_dataset": "digits", "calibration_split": "validation"}
+    assert reporting.evaluation_label(evaluation) == "digits, test split, 450 samples"
+    assert reporting.calibration_label(evaluation) == "digits, validation split"
+    assert reporting.model_index_dataset_name(evaluation) == "digits"
+    assert reporting.in_sample_warning(evaluation, ["validation", "test"]) is None
+    in_sample = {**evaluation, "split": "validation", "in_sample": True}
+    assert reporting.evaluation_label(in_sample).endswith("(in-sample: data the calibration was fitted on, so optimistic)")
+    assert reporting.model_index_dataset_name(in_sample) == "digits (in-sample: the calibration data)"
+    assert "--eval-split" in reporting.in_sample_warning(in_sample, ["validation"])
