@@ -23,16 +23,10 @@ from . import reporting
 from .calibrators import calibrator_class
 
 DIAGRAM_FILE = "reliability_diagram.png"
-# (key in a metrics dict, metric type for the model-index, display name)
-CARD_METRICS = (
-    ("accuracy", "accuracy", "Accuracy"),
-    ("ece", "ece", "ECE"),
-    ("ada_ece", "ada_ece", "AdaECE"),
-    ("classwise_ece", "classwise_ece", "Classwise ECE"),
-    ("nll", "nll", "NLL"),
-    ("brier", "brier", "Brier"),
-    ("mce", "mce", "MCE"),
-)
+#: (key in a metrics dict — also its model-index metric type —, display name) of the card's metrics
+CARD_METRICS = reporting.METRICS
+#: what the record keeps of an evaluation beside its metrics (see :mod:`hf_calibrate.evaluation`)
+UNCERTAINTY_KEYS = ("difference", "verdicts", "bootstrap")
 _PIPELINE_TAGS = {"image-classification": "image-classification", "text-classification": "text-classification"}
 #: the Hub's base_model_relation, by whether the method trains a new head: the base's weights are never changed,
 #: a few parameters are fitted on top of the frozen base (an adapter) or a new head is trained on its features
@@ -112,7 +106,7 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
     in_sample = " in-sample" if evaluation.get("in_sample") else ""
     results = []
     for side in ("uncalibrated", "calibrated"):
-        for key, metric_type, name in CARD_METRICS:
+        for key, name in CARD_METRICS:
             if key not in evaluation[side]:
                 continue
             results.append(
@@ -120,7 +114,7 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
                     task_type=task, task_name=task.replace("-", " ").title(),
                     dataset_type=evaluation.get("dataset_id") or evaluation["dataset"],
                     dataset_name=reporting.model_index_dataset_name(evaluation), dataset_split=evaluation.get("split"),
-                    metric_type=metric_type, metric_value=float(evaluation[side][key]),
+                    metric_type=key, metric_value=float(evaluation[side][key]),
                     metric_name=f"{name} ({side}{in_sample})", metric_config=side,
                 )
             )
@@ -264,14 +258,19 @@ def _results(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """The results section's data: the metric rows and what they were computed on (None: no evaluation)."""
     if not evaluation:
         return None
+    verdicts = evaluation.get("verdicts") or {}
     rows = [
-        {"name": display, "before": _fmt(evaluation["uncalibrated"][key]), "after": _fmt(evaluation["calibrated"][key])}
-        for key, _, display in CARD_METRICS
-        if key in evaluation["calibrated"]
+        {"name": display, "before": reporting.value_text(evaluation, "uncalibrated", key),
+         "after": reporting.value_text(evaluation, "calibrated", key), "change": reporting.change_text(evaluation, key),
+         "verdict": verdicts.get(key, "")}
+        for key, display in CARD_METRICS
+        if key in reporting.shown_metrics(evaluation)
     ]
     return {"rows": rows, "in_sample": evaluation["in_sample"], "n_bins": evaluation.get("n_bins"),
             "label": reporting.evaluated_on(evaluation),
-            "calibration": reporting.calibration_label(evaluation)}
+            "calibration": reporting.calibration_label(evaluation),
+            "intervals": reporting.bootstrap_note(evaluation),
+            "verdict": reporting.verdict_summary(evaluation)}
 
 
 def _card_data(record: Dict[str, Any], name: str, evaluation: Optional[Dict[str, Any]]) -> ModelCardData:
@@ -367,7 +366,14 @@ def diagram_title(evaluation: Dict[str, Any]) -> str:
     return f"Reliability on {reporting.evaluated_on(evaluation)}{in_sample}"
 
 
-def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(key for key, _, _ in CARD_METRICS)) -> Dict[str, Dict[str, float]]:
-    """The card's metrics of an evaluation, per side (JSON-able)."""
-    return {side: {key: float(evaluation[side][key]) for key in keys if key in evaluation[side]} | {"num_samples": int(evaluation[side]["num_samples"])}
-            for side in ("uncalibrated", "calibrated")}
+def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(key for key, _ in CARD_METRICS)) -> Dict[str, Any]:
+    """What the record keeps of an evaluation's numbers (JSON-able): per side the card's metrics, the number of samples
+    and every interval; and the paired differences, verdicts and bootstrap settings when there are any."""
+    kept: Dict[str, Any] = {}
+    for side in ("uncalibrated", "calibrated"):
+        metrics = evaluation[side]
+        kept[side] = {key: float(metrics[key]) for key in keys if key in metrics} | {"num_samples": int(metrics["num_samples"])}
+        intervals = {key: dict(value) for key, value in (metrics.get("intervals") or {}).items()}
+        if intervals:
+            kept[side]["intervals"] = intervals
+    return kept | {key: evaluation[key] for key in UNCERTAINTY_KEYS if key in evaluation}

@@ -30,16 +30,11 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 PROG = "hf-calibrate"
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-#: (key in a metrics dict, column title) of the metric tables
-TABLE_METRICS = (
-    ("accuracy", "accuracy"),
-    ("ece", "ECE"),
-    ("ada_ece", "AdaECE"),
-    ("classwise_ece", "classwise ECE"),
-    ("nll", "NLL"),
-    ("brier", "Brier"),
-)
+#: the metrics of the command line's tables (titles: :data:`hf_calibrate.reporting.METRICS`)
+TABLE_METRICS = ("accuracy", "ece", "ada_ece", "smooth_ece", "classwise_ece", "nll", "brier")
 DEMO_METRICS = ("accuracy", "ece", "ada_ece", "nll", "brier")
+#: the demo's second table: the paired change of these, with its interval and verdict
+DEMO_CHANGES = ("ece", "nll", "brier")
 #: EngineOptions fields with a command-line flag of the same name
 FLAG_OPTIONS = ("batch_size", "seed", "mixed_precision", "image_column", "text_column", "label_column", "max_length")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -133,6 +128,8 @@ def _common_arguments() -> argparse.ArgumentParser:
     group.add_argument("--batch-size", type=int, help="samples per batch over all processes (default: the library's, 1000)")
     group.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), help="autocast for the base model's forward pass")
     group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    group.add_argument("--bootstrap", type=int, default=1000, metavar="R",
+                       help="bootstrap replicates of the results' 95%% intervals (default 1000; 0: points only)")
     group.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return common
 
@@ -531,14 +528,20 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def metric_table(evaluation: Dict[str, Any]) -> str:
-    """Before/after table of an evaluation (only one column for a plain model)."""
+    """Before/after table of an evaluation, each value with its interval [low, high] when it has one, the paired
+    change and its verdict (only one column for a plain model), and a line saying how the intervals were made."""
+    from .reporting import METRIC_NAMES, bootstrap_note, change_text, shown_metrics, value_text
+
     sides = [side for side in ("uncalibrated", "calibrated") if side in evaluation]
-    header = ["metric", *sides] + (["change"] if len(sides) == 2 else [])
+    both, verdicts = len(sides) == 2, evaluation.get("verdicts") or {}
+    header = ["metric", *sides] + (["change"] if both else []) + (["verdict"] if both and verdicts else [])
     rows = []
-    for key, title in TABLE_METRICS:
-        values = [evaluation[side][key] for side in sides]
-        rows.append([title, *(f"{value:.4f}" for value in values)] + ([f"{values[1] - values[0]:+.4f}"] if len(values) == 2 else []))
-    return format_table(header, rows)
+    for key in shown_metrics(evaluation, TABLE_METRICS):
+        row = [METRIC_NAMES[key], *(value_text(evaluation, side, key) for side in sides)]
+        row += ([change_text(evaluation, key)] if both else []) + ([verdicts.get(key, "")] if both and verdicts else [])
+        rows.append(row)
+    note = bootstrap_note(evaluation)
+    return format_table(header, rows) + (f"\n{note}" if note else "")
 
 
 def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
@@ -605,7 +608,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     calibrated, evaluation = fit_and_evaluate(
         loaded.model, data.splits["calibration"], data.splits[role], method=args.method,
         validation_data=data.splits.get("validation"), dataset_name=dataset, split=data.names["calibration"],
-        evaluation_options={"dataset_name": dataset, "split": data.names[role], **engine_options(options)},
+        evaluation_options={"dataset_name": dataset, "split": data.names[role], "bootstrap": args.bootstrap,
+                            **engine_options(options)},
         **{"preprocessor": loaded.preprocessor, **options},
     )
     console.result(f"{args.method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
@@ -645,7 +649,8 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     data = load_data(args, adapt(loaded.base), state, args.label_column,
                      lambda available: {"evaluation": select_split(available, args.split, ("test",), "--split")})
     options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
-    naming = dict(dataset_name=source_display_name(args.dataset), split=data.names["evaluation"], n_bins=args.n_bins)
+    naming = dict(dataset_name=source_display_name(args.dataset), split=data.names["evaluation"], n_bins=args.n_bins,
+                  bootstrap=args.bootstrap)
     evaluate = loaded.model.evaluate if loaded.calibrated else functools.partial(evaluate_plain_model, loaded.model)
     evaluation = evaluate(data.splits["evaluation"], **naming, **options)
     if args.json:
@@ -664,7 +669,9 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
         console.note(f"pushed the results to {args.push_results}: {getattr(commit, 'commit_url', commit)}")
 
 
-def evaluate_plain_model(model: Any, data: Any, *, n_bins: int, dataset_name: str, split: str, **options: Any) -> Dict[str, Any]:
+def evaluate_plain_model(
+    model: Any, data: Any, *, n_bins: int, dataset_name: str, split: str, bootstrap: int, **options: Any
+) -> Dict[str, Any]:
     """Metrics of an uncalibrated model's own logits, shaped like :meth:`CalibratedModel.evaluate`'s ``uncalibrated`` side.
 
     The engine gathers every batch's logits on every process, so each process computes the
@@ -675,20 +682,23 @@ def evaluate_plain_model(model: Any, data: Any, *, n_bins: int, dataset_name: st
     from .backbones import adapt
     from .data import prepare_data
     from .fitting import Engine, EngineOptions
-    from .metrics import CalibrationMetrics
+    from .evaluation import accumulators, summarize_one
 
     engine = Engine(EngineOptions(**options))
     backbone = adapt(model)
     model.to(engine.device).eval()
     prepared = prepare_data(data, backbone, **engine.options.data_options())
-    metrics = CalibrationMetrics(backbone.num_classes, n_bins)
-    indices = torch.arange(len(prepared))
+    metrics = accumulators(backbone.num_classes, n_bins, bootstrap, engine.options.seed)[0]
+    indices, seen = torch.arange(len(prepared)), 0
     for logits, labels in engine.stream(prepared, indices, backbone.logits, num_classes=backbone.num_classes, description="evaluating"):
-        metrics.update(logits, labels, from_logits=True)
-    return {
-        "uncalibrated": metrics.compute(sync=False), "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
-        "dataset": dataset_name, "split": split, "n_bins": n_bins,
-    }
+        metrics.update(logits, labels, sample_index=torch.arange(seen, seen + len(labels)), from_logits=True)
+        seen += len(labels)
+    result = {"uncalibrated": summarize_one(metrics, sync=False),
+              "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
+              "dataset": dataset_name, "split": split, "n_bins": n_bins}
+    if bootstrap:
+        result["bootstrap"] = {"replicates": bootstrap, "seed": metrics.seed, "confidence": 0.95}
+    return result
 
 
 # ---------------------------------------------------------------------------- demo
@@ -772,7 +782,7 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     start = time.perf_counter()
     if state.is_main_process:
         check_writable(args.output, "--output", folder=True)
-    rows, settings = [], []
+    rows, changes, settings = [], [], []
     for position, key in enumerate(args.models, 1):
         spec = DEMO_MODELS[key]
         config = spec.quick if args.quick else spec.full
@@ -792,10 +802,12 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
             )
             fallback = calibrated.fallback_note()
             console.warn(fallback and f"{model.name}, {method}: {fallback} {FALLBACK_SAVED}")
-            evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", **flag_options(args))
+            evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", bootstrap=args.bootstrap,
+                                             **flag_options(args))
             calibrated.save_pretrained(args.output / demo_folder(model.name, method), is_main_process=state.is_main_process)
             rows.append(_demo_row(model.name, method, evaluation))
-    console.result(_demo_report(rows, settings, args.quick))
+            changes.append(_demo_change_row(model.name, method, evaluation))
+    console.result(_demo_report(rows, changes, settings, args.quick))
     console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
 
@@ -816,13 +828,32 @@ def _demo_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
     return [model, method, str(after["num_samples"]), *(f"{before[key]:.4f} → {after[key]:.4f}" for key in DEMO_METRICS)]
 
 
-def _demo_report(rows: List[List[str]], settings: List[str], quick: bool) -> str:
-    titles = dict(TABLE_METRICS)
-    header = ["model", "method", "test n", *(titles[key] for key in DEMO_METRICS)]
+def _demo_change_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
+    from .reporting import change_text
+
+    verdicts = evaluation.get("verdicts") or {}
+    return [model, method, *(" ".join(filter(None, (change_text(evaluation, key), _short(verdicts.get(key)))))
+                             for key in DEMO_CHANGES)]
+
+
+def _short(verdict: Optional[str]) -> str:
+    """A verdict as a table cell shows it."""
+    return {"improved": "improved", "made worse": "worse"}.get(verdict, "no change" if verdict else "")
+
+
+def _demo_report(rows: List[List[str]], changes: List[List[str]], settings: List[str], quick: bool) -> str:
+    from .reporting import METRIC_NAMES
+
+    header = ["model", "method", "test n", *(METRIC_NAMES[key] for key in DEMO_METRICS)]
+    change_header = ["model", "method", *(f"Δ {METRIC_NAMES[key]} [95% CI]" for key in DEMO_CHANGES)]
     return "\n".join([
         "",
         "Test-split metrics, uncalibrated → calibrated (lower is better except accuracy):",
         format_table(header, rows),
+        "",
+        "Change, calibrated − uncalibrated, with its paired 95% bootstrap interval; 'no change': the interval holds 0, "
+        "so this test set cannot tell the change from noise:",
+        format_table(change_header, changes),
         "",
         "The demo uses a short Neural Clamping schedule and data subsets to run in about a minute on a laptop CPU"
         + (" (--quick: even smaller; the numbers are noisy)" if quick else "") + ":",

@@ -36,7 +36,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from . import _hub, cards, reporting, serialization
+from . import _hub, cards, evaluation, reporting, serialization
 from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
@@ -117,13 +117,16 @@ def _engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str
 
 
 #: ``evaluate``'s own keywords (beside the engine options) and their defaults
-EVALUATION_KEYWORDS: Dict[str, Any] = {"n_bins": 15, "dataset_name": None, "split": None, "in_sample": None}
+EVALUATION_KEYWORDS: Dict[str, Any] = {
+    "n_bins": 15, "dataset_name": None, "split": None, "in_sample": None, "bootstrap": evaluation.DEFAULT_BOOTSTRAP,
+}
 
 
 def _check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> None:
     """``evaluate``'s arguments (``own``: its :data:`EVALUATION_KEYWORDS`), checked before any work
     (``fit_and_evaluate`` checks them before fitting)."""
     check_n_bins(own["n_bins"])
+    evaluation.check_bootstrap(own["bootstrap"])
     for name in ("dataset_name", "split"):
         if own[name] is not None and not isinstance(own[name], str):
             raise TypeError(f"{name} must be a string or None, got {own[name]!r} ({type(own[name]).__name__}).")
@@ -369,6 +372,7 @@ class CalibratedModel(PreTrainedModel):
         dataset_name: Optional[str] = None,
         split: Optional[str] = None,
         in_sample: Optional[bool] = None,
+        bootstrap: int = evaluation.DEFAULT_BOOTSTRAP,
         **options: Any,
     ) -> Dict[str, Any]:
         """Metrics of the base and the calibrated model on labelled ``data``, side by side.
@@ -380,17 +384,21 @@ class CalibratedModel(PreTrainedModel):
         what a ``datasets.Dataset`` records). ``in_sample`` says whether ``data`` are data the
         calibration was fitted on (None: :meth:`fitted_on` decides); in-sample results are
         labelled so in the card, the diagram and the CLI. The result is kept as
-        ``last_evaluation`` and goes into the saved record and model card.
+        ``last_evaluation`` and goes into the saved record and model card. ``bootstrap``: the
+        Poisson-bootstrap replicates behind the 95 % intervals of every metric and of the paired
+        difference calibrated − uncalibrated (0: points only); their seed is the engine's ``seed``.
 
         Returns:
             Plain JSON data (``json.dumps`` takes it): ``{"uncalibrated": metrics, "calibrated":
             metrics, "reliability": {side: bins}, "dataset": str, "split": str or None, "n_bins": int,
-            "in_sample": bool, "calibration_dataset": str, "calibration_split": str or None}``, where
-            metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` and bins are
-            ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads them back; the
-            plotting functions take them as they are).
+            "in_sample": bool, "calibration_dataset": str, "calibration_split": str or None,
+            "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}``, where
+            metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece``
+            and their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict``
+            reads them back; the plotting functions take them as they are); :mod:`hf_calibrate.evaluation`
+            describes the intervals and verdicts.
         """
-        own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": in_sample}
+        own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": in_sample, "bootstrap": bootstrap}
         return self._evaluate(data, own, options, kept=None)
 
     @torch.no_grad()
@@ -404,10 +412,9 @@ class CalibratedModel(PreTrainedModel):
         engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
-        uncalibrated, calibrated = self._score(engine, prepared, own["n_bins"], kept)
+        uncalibrated, calibrated = self._score(engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
         result = {
-            "uncalibrated": uncalibrated.compute(),
-            "calibrated": calibrated.compute(),
+            **evaluation.summarize(uncalibrated, calibrated),
             "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
             "dataset": own["dataset_name"] or reporting.data_display_name(data),
             "split": own["split"] or reporting.data_split(data),
@@ -420,15 +427,18 @@ class CalibratedModel(PreTrainedModel):
         return result
 
     def _score(
-        self, engine: Engine, prepared: PreparedData, n_bins: int, kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
+        self, engine: Engine, prepared: PreparedData, bins_and_replicates: Tuple[int, int],
+        kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
     ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
-        """(uncalibrated, calibrated) accumulators over ``prepared``, each process adding its shard's micro-batches.
+        """(uncalibrated, calibrated) accumulators over ``prepared``, each process adding its shard's micro-batches,
+        with (n_bins, bootstrap replicates) ``bins_and_replicates``; a sample's bootstrap weights are keyed on its
+        dataset index and the engine's seed, so they are the same on any number of processes.
 
         ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
         pass; a logit-space calibration then loads no input at all.
         """
         num_classes = self.calibrator.num_classes
-        uncalibrated, calibrated = CalibrationMetrics(num_classes, n_bins), CalibrationMetrics(num_classes, n_bins)
+        uncalibrated, calibrated = evaluation.accumulators(num_classes, *bins_and_replicates, seed=engine.options.seed)
         logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
         if kept is not None:
             if len(kept[0]) != len(prepared):
@@ -447,8 +457,8 @@ class CalibratedModel(PreTrainedModel):
                     bad |= note_nonfinite_outputs(engine.faults, prepared, base_logits, micro, number, "logits")
                     bad |= note_nonfinite_outputs(engine.faults, prepared, calibrated_logits, micro, number, "calibrated logits")
                     if not bad:
-                        uncalibrated.update(base_logits, labels, from_logits=True)
-                        calibrated.update(calibrated_logits, labels, from_logits=True)
+                        uncalibrated.update(base_logits, labels, sample_index=micro, from_logits=True)
+                        calibrated.update(calibrated_logits, labels, sample_index=micro, from_logits=True)
                 engine.sync_faults()
                 bar.update(1)
         return uncalibrated, calibrated
@@ -794,7 +804,8 @@ _EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "calibration_dat
 
 
 def _evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The record's part of :meth:`CalibratedModel.evaluate`'s result: what it names, the card's metrics, the bins."""
+    """The record's part of :meth:`CalibratedModel.evaluate`'s result: what it names, the card's metrics with their
+    intervals, the paired differences and verdicts, the bins."""
     if not evaluation:
         return None
     named = {key: evaluation[key] for key in _EVALUATION_NAMES if key in evaluation}

@@ -21,10 +21,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Collection, Dict, Mapping, Optional, Sequence
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
 from torch.utils.data import DataLoader
 
+#: (key in a metrics dict, display name) of every metric results show, in the order they show them
+METRICS = (
+    ("accuracy", "accuracy"),
+    ("ece", "ECE"),
+    ("ada_ece", "AdaECE"),
+    ("smooth_ece", "smECE"),
+    ("classwise_ece", "classwise ECE"),
+    ("nll", "NLL"),
+    ("brier", "Brier"),
+    ("mce", "MCE"),
+)
+METRIC_NAMES = dict(METRICS)
 #: ``datasets`` builders that read local files: their name says how the data were read, not what they are
 FILE_BUILDERS = frozenset({
     "arrow", "audiofolder", "csv", "generator", "imagefolder", "json", "pandas", "parquet", "sql", "text",
@@ -170,3 +182,52 @@ def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[st
         f"({summary.get('holdout_samples')} samples{score}), so the fitted model is plain temperature scaling: "
         f"δ = 0, T = {temperature:.4f}."
     )
+
+
+# ----------------------------------------------------------------------------- numbers with their uncertainty
+
+
+def interval_text(interval: Optional[Mapping[str, Any]], *, signed: bool = False) -> str:
+    """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``), ``""`` for None."""
+    if not interval or interval.get("low") is None or interval.get("high") is None:
+        return ""
+    number = "{:+.4f}" if signed else "{:.4f}"
+    return f"[{number.format(interval['low'])}, {number.format(interval['high'])}]"
+
+
+def value_text(evaluation: Mapping[str, Any], side: str, key: str) -> str:
+    """One side's value of ``key`` with its interval when the evaluation has one: ``"0.0712 [0.0510, 0.0930]"``."""
+    interval = (evaluation[side].get("intervals") or {}).get(key)
+    return " ".join(filter(None, (f"{evaluation[side][key]:.4f}", interval_text(interval))))
+
+
+def change_text(evaluation: Mapping[str, Any], key: str) -> str:
+    """calibrated − uncalibrated of ``key`` with its paired interval when there is one: ``"-0.0431 [-0.0620, -0.0240]"``."""
+    change = evaluation["calibrated"][key] - evaluation["uncalibrated"][key]
+    interval = (evaluation.get("difference") or {}).get(key)
+    return " ".join(filter(None, (f"{change:+.4f}", interval_text(interval, signed=True))))
+
+
+def shown_metrics(evaluation: Mapping[str, Any], keys: Sequence[str] = tuple(METRIC_NAMES)) -> List[str]:
+    """The ``keys`` an evaluation has for both its sides (every key of a plain model's single side)."""
+    sides = [evaluation[side] for side in ("uncalibrated", "calibrated") if side in evaluation]
+    return [key for key in keys if all(key in side for side in sides)]
+
+
+def bootstrap_note(evaluation: Mapping[str, Any]) -> Optional[str]:
+    """How the intervals were made, in words (None when the evaluation has none)."""
+    bootstrap = evaluation.get("bootstrap")
+    if not bootstrap:
+        return None
+    return (
+        f"[low, high]: {bootstrap['confidence']:.0%} Poisson-bootstrap intervals ({bootstrap['replicates']} replicates, "
+        f"seed {bootstrap['seed']}); the change is paired: both sides resampled alike"
+    )
+
+
+def verdict_summary(evaluation: Mapping[str, Any], keys: Sequence[str] = ("ece", "nll", "brier")) -> Optional[str]:
+    """One line of what calibration did, in plain words: ``"ECE improved; NLL improved; Brier: no detectable …"``."""
+    verdicts = evaluation.get("verdicts") or {}
+    parts = [f"{METRIC_NAMES[key]} {verdicts[key]}" if verdicts[key] != "no detectable change at this test size"
+             else f"{METRIC_NAMES[key]}: {verdicts[key]}" for key in keys if key in verdicts]
+    return "; ".join(parts) or None

@@ -25,7 +25,9 @@ def _free_port() -> int:
 
 def torchrun(script: Path, args: Sequence[str], *, num_processes: int = 2, timeout: int = 600) -> None:
     """Run ``script args...`` on ``num_processes`` CPU processes; fail the test with their output."""
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+    # The tests' folder first (the workers import its helpers), then the caller's path (a checkout run from PYTHONPATH).
+    python_path = os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=python_path)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={num_processes}",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

@@ -3,6 +3,8 @@ and ``push_evaluation_results``, which replaces the hub card's results with a ne
 
 from __future__ import annotations
 
+import copy
+
 import json
 import warnings
 from pathlib import Path
@@ -90,7 +92,38 @@ def test_card_body_describes_method_hyperparameters_and_provenance(evaluated_car
     assert "[org/base](https://huggingface.co/org/base)" in text
     assert 'CalibratedModel.from_pretrained("someone/calibrated-vit")' in text
     evaluation = evaluated_card["evaluation"]
-    assert f"| ECE | {evaluation['uncalibrated']['ece']:.4f} | {evaluation['calibrated']['ece']:.4f} |" in text
+    assert f"| ECE | {evaluation['uncalibrated']['ece']:.4f} [" in text and f"| {evaluation['calibrated']['ece']:.4f} [" in text
+
+
+def test_card_shows_each_metric_with_its_interval_the_paired_change_and_a_verdict(evaluated_card):
+    """ECE's row holds both sides' bootstrap intervals, the paired change calibrated − uncalibrated with its interval
+    and the verdict; the summary line and the note on how the intervals were made are above and below the table."""
+    text, evaluation = evaluated_card["card"].text, evaluated_card["evaluation"]
+    before, after = (evaluation[side]["intervals"]["ece"] for side in ("uncalibrated", "calibrated"))
+    change = evaluation["difference"]["ece"]
+    assert change["point"] == pytest.approx(evaluation["calibrated"]["ece"] - evaluation["uncalibrated"]["ece"], abs=1e-12)
+    row = (
+        f"| ECE | {evaluation['uncalibrated']['ece']:.4f} [{before['low']:.4f}, {before['high']:.4f}] "
+        f"| {evaluation['calibrated']['ece']:.4f} [{after['low']:.4f}, {after['high']:.4f}] "
+        f"| {change['point']:+.4f} [{change['low']:+.4f}, {change['high']:+.4f}] | {evaluation['verdicts']['ece']} |"
+    )
+    assert row in text
+    verdict = evaluation["verdicts"]["ece"]
+    said = f"ECE {verdict}" if verdict != "no detectable change at this test size" else f"ECE: {verdict}"
+    assert f"**What calibration did** (paired, at this test size): {said}" in text
+    assert "95% Poisson-bootstrap intervals (1000 replicates, seed 0)" in text  # the evaluation's seed, the default
+    assert (before["replicates"], before["seed"]) == (1000, 0)
+
+
+def test_a_card_without_intervals_shows_points_and_changes_only(vit, tmp_path):
+    calibrated = copy.deepcopy(vit["calibrated"])  # its evaluation is replaced; the module's model keeps its own
+    evaluation = calibrated.evaluate(vit["data"], bootstrap=0, progress=False)
+    assert not {"difference", "verdicts", "bootstrap"} & set(evaluation) and "intervals" not in evaluation["calibrated"]
+    calibrated.save_pretrained(tmp_path / "points")
+    text = (tmp_path / "points" / "README.md").read_text(encoding="utf-8")
+    change = evaluation["calibrated"]["ece"] - evaluation["uncalibrated"]["ece"]
+    assert f"| ECE | {evaluation['uncalibrated']['ece']:.4f} | {evaluation['calibrated']['ece']:.4f} | {change:+.4f} |\n" in text
+    assert "What calibration did" not in text and "bootstrap" not in text
 
 
 def test_card_includes_the_reliability_diagram(evaluated_card):

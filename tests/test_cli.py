@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from _results import flat, table_values
 
 from hf_calibrate.cli import main, parse_option
 
@@ -114,7 +115,7 @@ def test_fit_saves_model_card_diagram_and_prints_the_table(fitted):
     for title in ("accuracy", "ECE", "AdaECE", "classwise ECE", "NLL", "Brier"):
         assert any(line.startswith(title + " ") for line in stdout.splitlines()), title
     ece_line = next(line for line in stdout.splitlines() if line.startswith("ECE "))
-    before, after = (float(value) for value in ece_line.split()[1:3])
+    before, after = table_values(ece_line)[:2]
     assert (before, after) == (
         round(record["evaluation"]["uncalibrated"]["ece"], 4), round(record["evaluation"]["calibrated"]["ece"], 4)
     )
@@ -126,13 +127,13 @@ def test_evaluate_then_evaluate_again_from_the_pushed_repo(fitted, local_evaluat
     output, local = fitted["output"], local_evaluation
     record = json.loads((output / "calibration_config.json").read_text())
     for side in ("uncalibrated", "calibrated"):
-        for key, value in record["evaluation"][side].items():
-            assert local[side][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (side, key)
+        for key, value in flat(record["evaluation"][side]).items():
+            assert flat(local[side])[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (side, key)
     assert f"pushed to {fitted['repo_id']}" in fitted["stdout"]
 
     remote = evaluate_json(fitted["repo_id"], digits_folder, "test", env=dict(os.environ))
     for side in ("uncalibrated", "calibrated"):
-        assert remote[side] == pytest.approx(local[side], rel=1e-9, abs=1e-12), side
+        assert flat(remote[side]) == pytest.approx(flat(local[side]), rel=1e-9, abs=1e-12), side
     assert remote["split"] == "test" and remote["dataset"] == local["dataset"]
 
 
@@ -148,7 +149,7 @@ def test_push_results_rewrites_the_card_metadata(fitted, digits_folder, hub_onli
     assert {entry.dataset_split for entry in card.data.eval_results} == {"calibration"}
     ece = {entry.metric_config: entry.metric_value for entry in card.data.eval_results if entry.metric_type == "ece"}
     printed = next(line for line in result.stdout.splitlines() if line.startswith("ECE "))
-    assert [float(v) for v in printed.split()[1:3]] == [round(ece["uncalibrated"], 4), round(ece["calibrated"], 4)]
+    assert table_values(printed)[:2] == [round(ece["uncalibrated"], 4), round(ece["calibrated"], 4)]
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +259,7 @@ def test_evaluate_plain_model_reports_the_base_metrics(local_evaluation, digits_
     diagram = tmp_path / "plain.png"
     plain = evaluate_json(str(digits_cnn.path), digits_folder, "test", "--diagram", str(diagram))
     assert "calibrated" not in plain
-    assert plain["uncalibrated"] == pytest.approx(local_evaluation["uncalibrated"], rel=1e-6, abs=1e-9)
+    assert flat(plain["uncalibrated"]) == pytest.approx(flat(local_evaluation["uncalibrated"]), rel=1e-6, abs=1e-9)
     assert diagram.read_bytes().startswith(b"\x89PNG")
 
 

@@ -14,6 +14,9 @@ from hf_calibrate.cli import DEMO_METRICS, DEMO_METHODS, demo_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
+CHANGE = re.compile(r"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<change>[+-]\d\.\d{4}) \[(?P<low>[+-]\d\.\d{4}), "
+                    r"(?P<high>[+-]\d\.\d{4})\] (?P<verdict>improved|worse|no change)\s")
+SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change"}
 ROW = re.compile(r"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{4} → \d\.\d{4}\s*)+)$")
 
 
@@ -28,8 +31,11 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "short Neural Clamping schedule" in result.stdout
 
-    rows = {}
+    rows, changes = {}, {}
     for line in result.stdout.splitlines():
+        change = CHANGE.match(line.strip())
+        if change:
+            changes[change["model"], change["method"]] = change
         match = ROW.match(line.strip())
         if match:
             pairs = re.findall(r"(\d\.\d{4}) → (\d\.\d{4})", match["values"])
@@ -52,6 +58,12 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
             assert float(before) == round(evaluation["uncalibrated"][key], 4), (model, method, key)
             assert float(after) == round(evaluation["calibrated"][key], 4), (model, method, key)
             assert f"{evaluation['calibrated'][key]:.4f}" in card  # the card's results table
+        # The second table: ECE's paired change calibrated − uncalibrated, its interval and verdict, as recorded.
+        difference, printed_change = evaluation["difference"]["ece"], changes[model, method]
+        assert [float(printed_change[key]) for key in ("change", "low", "high")] == [
+            round(difference[key], 4) for key in ("point", "low", "high")], (model, method)
+        assert printed_change["verdict"] == SHORT_VERDICTS[evaluation["verdicts"]["ece"]]
+        assert "What calibration did" in card and "Poisson-bootstrap intervals (1000 replicates" in card
     # Both methods are evaluated on the same test rows with the same base model.
     for model in MODELS:
         assert rows[model, "temperature"][1]["ece"][0] == rows[model, "neural_clamping"][1]["ece"][0]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _results import flat
 from safetensors.torch import load_file, save_file
 
 from hf_calibrate import CalibratedModel
@@ -67,7 +68,7 @@ def _fit_and_report(out_dir: str) -> None:
         tensors = {f"{name}.{part}": value for name, fit in fits.items() for part, value in zip(("delta", "log_t", "loss"), fit)}
         tensors["ts_log_t"] = ts.calibrator.log_temperature.detach().cpu().reshape(1)
         save_file(tensors, os.path.join(out_dir, "fit.safetensors"))
-        metrics = {"world": world, "calibrated": report["calibrated"], "uncalibrated": report["uncalibrated"]}
+        metrics = {"world": world, **{key: report[key] for key in ("calibrated", "uncalibrated", "difference", "verdicts")}}
         Path(out_dir, "report.json").write_text(json.dumps(metrics))
 
 
@@ -90,6 +91,12 @@ def test_two_processes_fit_like_one(tmp_path, digits_cnn):
         assert report[side]["num_samples"] == single_report[side]["num_samples"] == len(digits_cnn.dataset["test"])
         for name in ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier"):
             assert report[side][name] == pytest.approx(single_report[side][name], rel=1e-5, abs=1e-7), (side, name)
+    # The bootstrap weights are keyed on each sample's dataset index: the same intervals, paired ones too.
+    for key in ("calibrated", "uncalibrated", "difference"):
+        single_values = flat(single_report[key]["intervals"] if key != "difference" else single_report[key])
+        multi_values = flat(report[key]["intervals"] if key != "difference" else report[key])
+        assert multi_values == pytest.approx(single_values, rel=1e-5, abs=1e-7), key
+    assert report["verdicts"] == single_report["verdicts"]
     # Neural Clamping: the first step to float tolerance, then what SGD keeps stable.
     delta, log_t, _ = single["first_step"]
     assert delta.abs().max() > 0  # δ actually moved

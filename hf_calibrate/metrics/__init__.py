@@ -18,12 +18,13 @@ from .functional import (
 )
 from .intervals import Interval, bootstrap_intervals, paired_bootstrap_intervals, verdict
 from .smooth import smooth_calibration_error, smooth_ece_from_confidences
-from .streaming import CalibrationMetrics, calibration_report, paired_intervals
+from .streaming import CalibrationMetrics, IntervalReport, calibration_report, interval_report, paired_intervals
 
 __all__ = [
     "CalibrationMetrics",
     "EvaluateInputChecks",
     "Interval",
+    "IntervalReport",
     "NonFiniteError",
     "ReliabilityBins",
     "accuracy",
@@ -34,6 +35,7 @@ __all__ = [
     "classwise_calibration_error",
     "debiased_calibration_error",
     "expected_calibration_error",
+    "interval_report",
     "maximum_calibration_error",
     "negative_log_likelihood",
     "paired_bootstrap_intervals",

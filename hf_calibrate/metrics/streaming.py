@@ -38,6 +38,7 @@ from .functional import (
     nll_and_brier_terms,
     top_label,
 )
+from .smooth import smooth_ece_from_confidences
 from .intervals import (
     DEFAULT_CONFIDENCE,
     PER_SAMPLE_METRICS,
@@ -325,9 +326,58 @@ class CalibrationMetrics:
         names, confidence = self._metric_names(metrics), check_confidence(confidence)
         return self._draws(self._synced_state(sync), names).intervals(confidence)
 
+    def smooth_ece(self, *, sync: bool = True) -> float:
+        """smECE (automatic bandwidth; :func:`~hf_calibrate.metrics.smooth_calibration_error`) of the top-label
+        confidence over every sample seen; needs ``adaptive`` (each sample's confidence)."""
+        if not self.adaptive:
+            raise ValueError("smooth_ece needs each sample's confidence: build the accumulator with adaptive=True.")
+        state = self._synced_state(sync)
+        return smooth_ece_from_confidences(state.confidences, state.correct)
+
     def reliability(self, *, sync: bool = True) -> ReliabilityBins:
         """Reliability-diagram data (equal-width bins) over every sample seen."""
         return ReliabilityBins.from_statistics(self._synced_state(sync)[0])
+
+
+class IntervalReport(NamedTuple):
+    """Intervals of two accumulators of the same samples and of their paired difference, per metric."""
+
+    a: Dict[str, Interval]
+    b: Dict[str, Interval]
+    difference: Dict[str, Interval]  # metric(a) − metric(b)
+
+
+def interval_report(
+    a: CalibrationMetrics,
+    b: CalibrationMetrics,
+    *,
+    metrics: Optional[Sequence[str]] = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    sync: bool = True,
+) -> IntervalReport:
+    """Intervals of ``a``, of ``b`` and of metric(a) − metric(b), from one set of replicates per accumulator.
+
+    What :meth:`CalibrationMetrics.intervals` gives for each and :func:`paired_intervals` for the
+    difference, at the cost of one of them (per-sample metrics such as smECE are resampled once
+    per accumulator, not twice). The same conditions as :func:`paired_intervals`.
+
+    Example:
+        >>> import torch
+        >>> labels = torch.tensor([0, 1] * 100)
+        >>> a, b = CalibrationMetrics(2, bootstrap=200), CalibrationMetrics(2, bootstrap=200)
+        >>> a.update(torch.tensor([[0.9, 0.1], [0.1, 0.9]] * 100), labels)
+        >>> b.update(torch.tensor([[0.6, 0.4], [0.4, 0.6]] * 100), labels)
+        >>> report = interval_report(a, b, metrics=["nll"])
+        >>> report.a["nll"].point < report.b["nll"].point, report.difference["nll"].high < 0
+        (True, True)
+    """
+    _check_pairable(a, b)
+    names, confidence = a._metric_names(metrics), check_confidence(confidence)
+    names = tuple(name for name in names if name in b._metric_names(None if metrics is None else names))
+    state_a, state_b = a._synced_state(sync), b._synced_state(sync)
+    _check_same_samples(state_a, state_b)
+    draws_a, draws_b = a._draws(state_a, names), b._draws(state_b, names)
+    return IntervalReport(draws_a.intervals(confidence), draws_b.intervals(confidence), (draws_a - draws_b).intervals(confidence))
 
 
 def paired_intervals(
@@ -356,10 +406,11 @@ def paired_intervals(
         >>> nll.high < 0
         True
     """
-    _check_pairable(a, b)
-    names, confidence = a._metric_names(metrics), check_confidence(confidence)
-    names = tuple(name for name in names if name in b._metric_names(None if metrics is None else names))
-    state_a, state_b = a._synced_state(sync), b._synced_state(sync)
+    return interval_report(a, b, metrics=metrics, confidence=confidence, sync=sync).difference
+
+
+def _check_same_samples(state_a: _State, state_b: _State) -> None:
+    """Both synced states saw the same samples under the same indices."""
     counts = int(state_a.width[0].sum()), int(state_b.width[0].sum())
     if counts[0] != counts[1]:
         raise ValueError(
@@ -371,7 +422,6 @@ def paired_intervals(
             "paired_intervals needs the same samples in both accumulators, but a and b saw different sample "
             "indices; pass each sample's sample_index to both (or feed both in the same order without it)."
         )
-    return (a._draws(state_a, names) - b._draws(state_b, names)).intervals(confidence)
 
 
 def _check_pairable(a: Any, b: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 import torch
 
 from ..calibrators import CALIBRATORS
+from ..metrics.intervals import VERDICTS
 from ..version import __version__
 from .files import CALIBRATION_CONFIG
 from .identity import repo_id_problem
@@ -179,6 +180,28 @@ def _reliability(value: Any) -> Optional[str]:
     return "must map each side to equal-length lists 'counts' (numbers >= 0), 'mean_confidence' and 'accuracy' (in [0, 1] or null)"
 
 
+def _number_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def _intervals(value: Any) -> Optional[str]:
+    """Intervals by metric name: ``point``, ``low``, ``high`` (finite numbers or null), ``confidence`` in (0, 1)."""
+    if isinstance(value, dict) and len(value) <= 64 and all(
+        isinstance(name, str) and isinstance(interval, dict)
+        and all(_number_or_null(interval.get(key)) for key in ("point", "low", "high"))
+        and isinstance(interval.get("confidence"), float) and 0.0 < interval["confidence"] < 1.0
+        for name, interval in value.items()
+    ):
+        return None
+    return "must map each metric to an interval with 'point', 'low', 'high' (numbers or null) and 'confidence' in (0, 1)"
+
+
+def _verdicts(value: Any) -> Optional[str]:
+    if isinstance(value, dict) and len(value) <= 64 and all(verdict in VERDICTS for verdict in value.values()):
+        return None
+    return f"must map each metric to one of {list(VERDICTS)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One key of the record: its check, the format version from which it is required, the fix."""
@@ -240,6 +263,11 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "evaluation.calibration_dataset": Field(_optional(_text(1024))),
     "evaluation.calibration_split": Field(_optional(_text(256))),
     "evaluation.reliability": Field(_optional(_reliability)),
+    "evaluation.uncalibrated.intervals": Field(_intervals),
+    "evaluation.calibrated.intervals": Field(_intervals),
+    "evaluation.difference": Field(_intervals),
+    "evaluation.verdicts": Field(_verdicts),
+    "evaluation.bootstrap": Field(_json_object(1)),
     "files": Field(_mapping, 1),
     "files.weights": Field(path_problem, 1),
     "files.base": Field(_optional(path_problem)),
