@@ -187,6 +187,13 @@ EVALUATE_EPILOG = """examples:
   hf-calibrate evaluate --model user/vit-nc --dataset ./digits --split test --push-results user/vit-nc
   hf-calibrate evaluate --model ./my-vit --dataset ./digits --split test    # a plain model: its metrics"""
 
+COMPARE_EPILOG = """examples:
+  hf-calibrate compare --model ./my-vit --dataset ./digits --eval-split test --output ./vit-compare
+  hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,dirichlet,tst --metric nll --output out
+
+Each method is fitted with its default options on the calibration split; methods whose paired
+difference to the best holds 0 are marked as tied with it: the test split cannot tell them apart."""
+
 DEMO_EPILOG = """examples:
   hf-calibrate demo                        # both models, output in ./demo_output
   hf-calibrate demo --models cnn --output /tmp/demo
@@ -244,6 +251,24 @@ def build_parser() -> ArgumentParser:
     report.add_argument("--diagram", type=Path, metavar="PATH", help="write the reliability diagram(s) as a PNG")
     report.add_argument("--push-results", metavar="REPO", help="write the results into this calibrated repo's model card")
     evaluate.set_defaults(handler=run_evaluate)
+
+    compare = commands.add_parser("compare", parents=[common], help="rank several methods with paired intervals",
+                                  epilog=COMPARE_EPILOG, formatter_class=raw,
+                                  description="Fit several calibrations of one model on the same calibration data and "
+                                  "rank them on a held-out split, with paired bootstrap intervals.")
+    _model_arguments(compare, calibrated_too=False)
+    _data_arguments(compare, "the calibration split (default: 'calibration' or 'validation', or the only split)")
+    compare.add_argument("--validation-split", help="selection split of Neural Clamping and the head methods")
+    compare.add_argument("--eval-split", help="the held-out split they are ranked on (default: the first of 'test', "
+                         "'validation', 'eval', 'evaluation', 'dev' that the fits do not use)")
+    compare.add_argument("--methods", type=_method_list, default=["temperature", "vector", "neural_clamping"],
+                         help="comma-separated methods (default: temperature,vector,neural_clamping)")
+    compare.add_argument("--metric", default="ece", choices=COMPARE_METRICS, help="the ranking metric (default: ece)")
+    compare.add_argument("--n-bins", type=int, default=15, help="bins of the binned metrics (default 15)")
+    compare.add_argument("--seed", type=int, help="seed of the fits and of the bootstrap (default 0)")
+    compare.add_argument("--output", type=Path, required=True,
+                         help="folder for comparison.md, comparison.json and comparison.png (side-by-side diagrams)")
+    compare.set_defaults(handler=run_compare)
 
     demo = commands.add_parser("demo", parents=[common], help="calibrate two real models and compare methods",
                                epilog=DEMO_EPILOG, formatter_class=raw,
@@ -701,6 +726,42 @@ def evaluate_plain_model(
     return result
 
 
+def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
+    """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
+    from . import comparison
+    from .backbones import adapt
+    from .modeling import CalibratedModel
+    from .reporting import source_display_name
+
+    if state.is_main_process:
+        check_writable(args.output, "--output", folder=True)
+    with state.main_process_first():
+        loaded = load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained, num_classes=args.num_classes)
+    if loaded.calibrated:
+        raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); compare calibrations of its base model.")
+    data = load_data(args, adapt(loaded.model), state, args.label_column, lambda available: fit_splits(args, available))
+    if "evaluation" not in data.splits:
+        raise UserError(f"compare ranks methods on a split the fits do not use, and {args.dataset} has none besides "
+                        f"{data.names['calibration']!r} (its splits: {data.available}); add one, or name it with --eval-split.")
+    options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
+    models = {}
+    with fallback_reported_here():
+        for method in args.methods:
+            console.note(f"fitting {method} on the split {data.names['calibration']!r}")
+            models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
+                                                 validation_data=data.splits.get("validation"), **options)
+            fallback = models[method].fallback_note()
+            console.warn(fallback and f"{method}: {fallback}")
+    result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
+                                bootstrap=args.bootstrap or 1000, dataset_name=source_display_name(args.dataset),
+                                split=data.names["evaluation"], **engine_options(options))
+    table = comparison.markdown_table(result)
+    console.result(table)
+    if state.is_main_process:
+        comparison.write(result, table, args.output)
+        console.note(f"wrote comparison.md, comparison.json and comparison.png to {args.output}")
+
+
 # ---------------------------------------------------------------------------- demo
 
 
@@ -747,6 +808,18 @@ DEMO_MODELS: Dict[str, DemoSpec] = {
     ),
 }
 DEMO_METHODS = ("temperature", "neural_clamping")
+#: ranking metrics of ``compare`` (those with intervals)
+COMPARE_METRICS = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "nll", "brier")
+
+
+def _method_list(text: str) -> List[str]:
+    from .calibrators import CALIBRATORS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CALIBRATORS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--methods must name distinct methods among {','.join(CALIBRATORS)}; got {text!r}")
+    return names
 
 
 def _demo_model_list(text: str) -> List[str]:

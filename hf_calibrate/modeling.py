@@ -407,12 +407,7 @@ class CalibratedModel(PreTrainedModel):
     ) -> Dict[str, Any]:
         """:meth:`evaluate` (``own``: its :data:`EVALUATION_KEYWORDS`); ``kept``: the base logits (N, C) and labels (N,)
         of every sample of ``data`` in dataset order (from :meth:`_fit`), used instead of running the base model again."""
-        _check_evaluation_arguments(own, options)
-        options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
-        engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
-        prepared = prepare_data(data, self.backbone, **engine.options.data_options())
-        self.to(engine.device)
-        uncalibrated, calibrated = self._score(engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
+        uncalibrated, calibrated = self._accumulate(data, own, options, kept=kept)
         result = {
             **evaluation.summarize(uncalibrated, calibrated),
             "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
@@ -425,6 +420,19 @@ class CalibratedModel(PreTrainedModel):
         }
         self.last_evaluation = result
         return result
+
+    @torch.no_grad()
+    def _accumulate(
+        self, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+    ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
+        """The (uncalibrated, calibrated) accumulators of :meth:`_evaluate`, checked arguments and all (also what
+        :mod:`hf_calibrate.comparison` pairs across methods)."""
+        _check_evaluation_arguments(own, options)
+        options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
+        engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
+        prepared = prepare_data(data, self.backbone, **engine.options.data_options())
+        self.to(engine.device)
+        return self._score(engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
 
     def _score(
         self, engine: Engine, prepared: PreparedData, bins_and_replicates: Tuple[int, int],

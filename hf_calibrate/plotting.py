@@ -8,12 +8,11 @@ through ``pyplot``, so drawing neither needs a display nor changes the user's ba
 from __future__ import annotations
 
 import os
-import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Tuple, Union
 
 import numpy as np
 
+from ._atomic import write_atomically
 from .metrics import ReliabilityBins, reliability_bins
 
 if TYPE_CHECKING:
@@ -131,15 +130,7 @@ def _panel_axes(figure: "Figure", columns: int) -> list[Tuple["Axes", "Axes"]]:
 
 def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
     """Write ``figure`` as a PNG to ``path`` via a temporary file in the same folder and a rename."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(temporary, "xb") as stream:  # plain open: the PNG gets the usual umask permissions
-            figure.savefig(stream, format="png")
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda stream: figure.savefig(stream, format="png"))
 
 
 def reliability_diagram(

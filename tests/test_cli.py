@@ -351,3 +351,32 @@ def test_help_shows_examples(command, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and f"hf-calibrate {command[0] if command else 'demo'}" in out
+
+
+def test_compare_ranks_methods_on_the_held_out_split_and_writes_table_json_and_diagrams(digits_cnn, digits_folder, tmp_path):
+    output = tmp_path / "compare"
+    assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--methods",
+                 "temperature,histogram", "--bootstrap", "200", "--no-progress", "--output", str(output)]) == 0
+    result = json.loads((output / "comparison.json").read_text())
+    assert result["split"] == "test" and result["bootstrap"]["replicates"] == 200
+    assert {row["name"] for row in result["rows"]} == {"uncalibrated", "temperature", "histogram"}
+    assert [row["metrics"]["ece"] for row in result["rows"]] == sorted(row["metrics"]["ece"] for row in result["rows"])
+    table = (output / "comparison.md").read_text(encoding="utf-8")
+    assert "Ranked by ECE on" in table and "test split" in table
+    assert (output / "comparison.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_compare_refuses_a_dataset_without_a_held_out_split(digits_cnn, tmp_path, capsys):
+    only = write_image_folder(tmp_path / "only", {"calibration": digits_cnn.dataset["calibration"]})
+    assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(only), "--methods", "temperature",
+                 "--no-progress", "--output", str(tmp_path / "out")]) == 1
+    assert "compare ranks methods on a split the fits do not use" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "comparison.json").exists()
+
+
+def test_compare_refuses_unknown_or_repeated_methods(capsys):
+    for methods in ("temperature,nope", "temperature,temperature"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["compare", "--model", "x", "--dataset", "y", "--methods", methods, "--output", "z"])
+        assert exit_info.value.code == 2
+        assert "--methods must name distinct methods" in capsys.readouterr().err

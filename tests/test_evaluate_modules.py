@@ -211,3 +211,125 @@ def test_space_app_launches_the_widget_of_its_metric(name, monkeypatch):
     monkeypatch.setattr(evaluate.utils, "launch_gradio_widget", launched.append)
     runpy.run_path(str(MODULES_DIR / name / "app.py"))
     assert [metric.name for metric in launched] == [name]
+
+
+# ----------------------------------------------------------------------------- bootstrap intervals
+
+ENDS = ("low", "high")
+MEANS = ("accuracy", "nll", "brier")
+CALIBRATION_ERRORS = ("ece", "ada_ece", "mce", "rms_ce")
+# Module, its compute kwargs, and {output key: the bootstrap_intervals metric its interval must be}.
+INTERVAL_CASES = [
+    ("ece", {}, {"ece": "ece"}),
+    ("ece", {"binning": "equal_mass", "n_bins": 10}, {"ece": "ada_ece"}),
+    ("ece", {"norm": "l2"}, {"ece": "rms_ce"}),
+    ("ece", {"norm": "max", "n_bins": 7}, {"ece": "mce"}),
+    ("nll", {}, {"nll": "nll"}),
+    ("brier", {}, {"brier": "brier"}),
+    ("calibration", {"n_bins": 10}, {name: name for name in MEANS + CALIBRATION_ERRORS}),
+]
+BOOTSTRAP_NAMES = sorted({name for name, _, _ in INTERVAL_CASES})
+
+
+def interval_keys(keys) -> set:
+    return {f"{key}_{end}" for key in keys for end in ENDS}
+
+
+@pytest.mark.parametrize(("name", "kwargs", "metric_of"), INTERVAL_CASES)
+def test_bootstrap_adds_the_flat_intervals_of_bootstrap_intervals(name, kwargs, metric_of):
+    probs, labels, _ = random_probs(seed=3)
+    result = load(name).compute(predictions=probs, references=labels, bootstrap=50, seed=7, **kwargs)
+    plain = REFERENCE[name](probs, labels, **kwargs)
+    assert set(result) == set(plain) | interval_keys(metric_of)
+    assert {key: result[key] for key in plain} == plain  # the values themselves are unchanged
+    n_bins = {key: value for key, value in kwargs.items() if key == "n_bins"}
+    want = metrics.bootstrap_intervals(
+        probs, labels, metrics=list(metric_of.values()), replicates=50, seed=7, **n_bins
+    )
+    for key, metric in metric_of.items():
+        assert want[metric].point == pytest.approx(result[key], abs=1e-12)  # the right metric
+        for end in ENDS:
+            assert type(result[f"{key}_{end}"]) is float
+            assert result[f"{key}_{end}"] == getattr(want[metric], end)
+
+
+@pytest.mark.parametrize("name", BOOTSTRAP_NAMES)
+def test_bootstrap_from_logits_and_batches(name):
+    _, labels, logits = random_probs(seed=4)
+    result = load(name).compute(predictions=logits, references=labels, from_logits=True, bootstrap=30, seed=2)
+    want = metrics.bootstrap_intervals(logits, labels, replicates=30, seed=2, from_logits=True)
+    keys = set(result) - set(REFERENCE[name](logits, labels, from_logits=True))
+    assert keys and keys <= interval_keys(want)
+    for key in keys:
+        metric, end = key.rsplit("_", 1)
+        assert result[key] == getattr(want[metric], end)
+    batched = load(name)
+    for start, stop in [(0, 100), (100, len(labels))]:
+        batched.add_batch(predictions=logits[start:stop], references=labels[start:stop])
+    assert batched.compute(from_logits=True, bootstrap=30, seed=2) == result
+
+
+@pytest.mark.parametrize("data_seed", range(4))
+def test_intervals_are_ordered_and_the_means_hold_their_point(data_seed):
+    """Only what the library guarantees (tests/test_metrics_intervals.py): low ≤ high, in [0, 1] for
+    the calibration errors, whose bias-shifted interval can exclude the point; low ≤ point ≤ high
+    for the means (to 1e-12 for the rounding of Σw·x/Σw)."""
+    probs, labels, _ = random_probs(num_samples=120 + 60 * data_seed, num_classes=2 + data_seed, seed=data_seed)
+    result = load("calibration").compute(predictions=probs, references=labels, bootstrap=100, seed=data_seed)
+    for name in CALIBRATION_ERRORS:
+        assert 0.0 <= result[f"{name}_low"] <= result[f"{name}_high"] <= 1.0 + 1e-12, name
+    for name in MEANS:
+        assert result[f"{name}_low"] - 1e-12 <= result[name] <= result[f"{name}_high"] + 1e-12, name
+    for binning, norm in [("equal_width", "l1"), ("equal_mass", "l1"), ("equal_width", "l2"), ("equal_width", "max")]:
+        ece = load("ece").compute(
+            predictions=probs, references=labels, binning=binning, norm=norm, bootstrap=100, seed=data_seed
+        )
+        assert 0.0 <= ece["ece_low"] <= ece["ece_high"] <= 1.0 + 1e-12, (binning, norm)
+
+
+@pytest.mark.parametrize("name", BOOTSTRAP_NAMES)
+def test_bootstrap_zero_is_the_default_output(name):
+    probs, labels, _ = random_probs(seed=5)
+    default = load(name).compute(predictions=probs, references=labels)
+    assert load(name).compute(predictions=probs, references=labels, bootstrap=0, seed=123) == default
+    assert set(default) == set(REFERENCE[name](probs, labels))
+
+
+@pytest.mark.parametrize("name", BOOTSTRAP_NAMES)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bootstrap": True}, r"bootstrap must be a non-negative integer \(0 turns intervals off\), got True"),
+        ({"bootstrap": 100.0}, "bootstrap must be a non-negative integer.*got 100.0"),
+        ({"bootstrap": -1}, "bootstrap must be a non-negative integer.*got -1"),
+        ({"bootstrap": "1000"}, "bootstrap must be a non-negative integer.*got '1000'"),
+        ({"bootstrap": 10, "seed": 1.5}, "seed must be an integer, got 1.5"),
+        ({"seed": False}, "seed must be an integer, got False"),
+    ],
+    ids=["bootstrap-bool", "bootstrap-float", "bootstrap-negative", "bootstrap-str", "seed-float", "seed-bool"],
+)
+def test_bad_bootstrap_or_seed_gives_a_clear_value_error(name, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load(name, will_fail=True).compute(predictions=[[0.3, 0.7], [0.6, 0.4]], references=[1, 0], **kwargs)
+
+
+@pytest.mark.parametrize(("binning", "norm"), [("equal_mass", "l2"), ("equal_mass", "max")])
+def test_ece_interval_of_an_unsupported_combination_is_refused(binning, norm):
+    probs, labels, _ = random_probs(num_samples=60, seed=6)
+    plain = load("ece").compute(predictions=probs, references=labels, binning=binning, norm=norm)
+    assert set(plain) == {"ece"}  # fine without intervals
+    message = (
+        rf"bootstrap intervals are offered for binning='equal_width' with norm='l1', binning='equal_mass' with "
+        rf"norm='l1', .*; got binning='{binning}' with norm='{norm}'\..*bootstrap=0"
+    )
+    with pytest.raises(ValueError, match=message):
+        load("ece", will_fail=True).compute(
+            predictions=probs, references=labels, binning=binning, norm=norm, bootstrap=10
+        )
+
+
+def test_classwise_ece_has_no_bootstrap_option():
+    with pytest.raises(TypeError, match="bootstrap"):
+        load("classwise_ece", will_fail=True).compute(predictions=[[0.3, 0.7]], references=[1], bootstrap=10)
+    card = (MODULES_DIR / "classwise_ece" / "README.md").read_text(encoding="utf-8")
+    assert "no `bootstrap` option" in card and "not the per-class" in card  # and says why

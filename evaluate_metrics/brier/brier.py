@@ -7,7 +7,7 @@ validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import EvaluateInputChecks, brier_score
+from hf_calibrate.metrics import EvaluateInputChecks, brier_score, interval_columns
 
 _DESCRIPTION = """
 Brier score: the mean over samples of the squared distance between the probability vector
@@ -22,9 +22,16 @@ Args:
         to 1 (logits with `from_logits=True`).
     references (`list` of `int`): (N,) true class indices in [0, C).
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
+    bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
+        confidence interval of the Brier score (`hf_calibrate.metrics.bootstrap_intervals`);
+        0 gives no interval. R = 1000 is a good choice.
+    seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
+        the same interval.
 
 Returns:
     brier (`float`): the Brier score summed over classes, in [0, 2]; lower is better.
+    brier_low, brier_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+        percentile interval.
 
 Examples:
     >>> import evaluate
@@ -33,6 +40,9 @@ Examples:
     {'brier': 0.3125}
     >>> brier.compute(predictions=[[0.0, 0.0]], references=[1], from_logits=True)
     {'brier': 0.5}
+    >>> results = brier.compute(predictions=[[0.5, 0.5], [0.25, 0.75]] * 50, references=[0, 1] * 50, bootstrap=500)
+    >>> {name: round(value, 4) for name, value in results.items()}
+    {'brier': 0.3125, 'brier_low': 0.2742, 'brier_high': 0.3484}
 """
 
 _CITATION = """
@@ -61,6 +71,8 @@ class Brier(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://doi.org/10.1175/1520-0493(1950)078<0001:VOFEIT>2.0.CO;2"],
         )
 
-    def _compute(self, predictions, references, **kwargs):
-        """kwargs: ``from_logits`` (see above)."""
-        return {"brier": brier_score(predictions, references, **kwargs)}
+    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
+        """kwargs: ``from_logits``; ``bootstrap``, ``seed``: see above."""
+        result = {"brier": brier_score(predictions, references, **kwargs)}
+        result.update(interval_columns(predictions, references, {"brier": "brier"}, replicates=bootstrap, seed=seed, **kwargs))
+        return result

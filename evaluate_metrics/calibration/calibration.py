@@ -7,7 +7,8 @@ validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import EvaluateInputChecks, calibration_report
+from hf_calibrate.metrics import EvaluateInputChecks, calibration_report, interval_columns
+from hf_calibrate.metrics.intervals import DEFAULT_METRICS
 
 _DESCRIPTION = """
 The full calibration report of a classifier in one pass: accuracy, expected calibration
@@ -23,6 +24,11 @@ Args:
     references (`list` of `int`): (N,) true class indices in [0, C).
     n_bins (`int`, defaults to 15): number of bins B of every binned metric.
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
+    bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
+        confidence interval of each metric below but `classwise_ece` and `num_samples`
+        (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives no interval. R = 1000 is a good choice.
+    seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
+        the same interval.
 
 Returns:
     accuracy (`float`): fraction of argmax predictions equal to the label, in [0, 1].
@@ -34,6 +40,10 @@ Returns:
     nll (`float`): mean negative log-likelihood in nats, in [0, -log(1e-12) ≈ 27.63].
     brier (`float`): Brier score summed over classes, in [0, 2].
     num_samples (`int`): N.
+    <metric>_low, <metric>_high (`float`, only with `bootstrap` > 0): the ends of the 95 %
+        bootstrap interval of accuracy, ece, ada_ece, mce, rms_ce, nll and brier (percentile
+        intervals for accuracy, NLL and Brier; for the calibration errors shifted by the
+        bootstrap bias, low cut at 0).
     Lower is better for every metric but accuracy.
 
 Examples:
@@ -44,6 +54,11 @@ Examples:
     >>> {name: round(value, 4) for name, value in sorted(results.items())}  # doctest: +NORMALIZE_WHITESPACE
     {'accuracy': 0.6667, 'ada_ece': 0.4167, 'brier': 0.565, 'classwise_ece': 0.4167, 'ece': 0.4167,
      'mce': 0.85, 'nll': 0.7931, 'num_samples': 3, 'rms_ce': 0.5315}
+    >>> results = calibration.compute(predictions=probs * 20, references=[0, 1, 1] * 20, n_bins=10, bootstrap=200)
+    >>> round(results["ece"], 4), round(results["ece_low"], 4), round(results["ece_high"], 4)
+    (0.4167, 0.3365, 0.4964)
+    >>> sorted(name for name in results if name.endswith("_low"))
+    ['accuracy_low', 'ada_ece_low', 'brier_low', 'ece_low', 'mce_low', 'nll_low', 'rms_ce_low']
 """
 
 _CITATION = """
@@ -95,6 +110,9 @@ class Calibration(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/1904.01685"],
         )
 
-    def _compute(self, predictions, references, **kwargs):
-        """kwargs: ``n_bins``, ``from_logits`` (see above)."""
-        return calibration_report(predictions, references, **kwargs)
+    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
+        """kwargs: ``n_bins``, ``from_logits``; ``bootstrap``, ``seed``: see above."""
+        result = calibration_report(predictions, references, **kwargs)
+        names = {name: name for name in result if name in DEFAULT_METRICS}
+        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **kwargs))
+        return result

@@ -7,7 +7,15 @@ the input validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import EvaluateInputChecks, expected_calibration_error
+from hf_calibrate.metrics import EvaluateInputChecks, expected_calibration_error, interval_columns
+
+# (binning, norm) -> the name of that error in hf_calibrate.metrics.bootstrap_intervals.
+_INTERVAL_METRICS = {
+    ("equal_width", "l1"): "ece",
+    ("equal_mass", "l1"): "ada_ece",
+    ("equal_width", "l2"): "rms_ce",
+    ("equal_width", "max"): "mce",
+}
 
 _DESCRIPTION = """
 Expected calibration error (ECE): how far a classifier's confidence (its top-class
@@ -28,9 +36,18 @@ Args:
     norm (`str`, defaults to `"l1"`): `"l1"` (ECE), `"l2"` (RMS calibration error) or
         `"max"` (MCE: the largest gap over non-empty bins).
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
+    bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
+        confidence interval of the error (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives
+        no interval. R = 1000 is a good choice. Offered for `binning="equal_width"` with `norm`
+        `"l1"` (ECE), `"l2"` (RMS) or `"max"` (MCE) and for `binning="equal_mass"` with
+        `norm="l1"` (AdaECE).
+    seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
+        the same interval.
 
 Returns:
     ece (`float`): the calibration error, in [0, 1]; lower is better.
+    ece_low, ece_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+        interval (percentile interval shifted by the bootstrap bias, low cut at 0).
 
 Examples:
     >>> import evaluate
@@ -44,6 +61,9 @@ Examples:
     >>> logits = [[2.0, 0.0], [0.0, 1.0]]
     >>> round(ece.compute(predictions=logits, references=[0, 0], from_logits=True)["ece"], 4)
     0.4251
+    >>> results = ece.compute(predictions=probs * 20, references=[0, 1, 1] * 20, n_bins=10, bootstrap=200)
+    >>> {name: round(value, 4) for name, value in results.items()}
+    {'ece': 0.4167, 'ece_low': 0.3365, 'ece_high': 0.4964}
 """
 
 _CITATION = """
@@ -72,6 +92,21 @@ class Ece(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599"],
         )
 
-    def _compute(self, predictions, references, **kwargs):
-        """kwargs: ``n_bins``, ``binning``, ``norm``, ``from_logits`` (see above)."""
-        return {"ece": expected_calibration_error(predictions, references, **kwargs)}
+    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
+        """kwargs: ``n_bins``, ``binning``, ``norm``, ``from_logits``; ``bootstrap``, ``seed``: see above."""
+        result = {"ece": expected_calibration_error(predictions, references, **kwargs)}
+        binning, norm = kwargs.pop("binning", "equal_width"), kwargs.pop("norm", "l1")
+        names = {"ece": _interval_metric(binning, norm)} if bootstrap else {}
+        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **kwargs))
+        return result
+
+
+def _interval_metric(binning, norm):
+    """The bootstrap metric of (binning, norm), or a ValueError naming the supported combinations."""
+    if (binning, norm) not in _INTERVAL_METRICS:
+        supported = ", ".join(f"binning={b!r} with norm={n!r}" for b, n in _INTERVAL_METRICS)
+        raise ValueError(
+            f"bootstrap intervals are offered for {supported}; got binning={binning!r} with norm={norm!r}. "
+            f"Use one of these combinations, or bootstrap=0 for the error without an interval."
+        )
+    return _INTERVAL_METRICS[binning, norm]

@@ -7,7 +7,7 @@ input validation live there.
 import datasets
 import evaluate
 
-from hf_calibrate.metrics import EvaluateInputChecks, negative_log_likelihood
+from hf_calibrate.metrics import EvaluateInputChecks, negative_log_likelihood, interval_columns
 
 _DESCRIPTION = """
 Negative log-likelihood (NLL, cross-entropy, log loss): the mean over samples of
@@ -22,9 +22,16 @@ Args:
         to 1 (logits with `from_logits=True`).
     references (`list` of `int`): (N,) true class indices in [0, C).
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
+    bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
+        confidence interval of the NLL (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives
+        no interval. R = 1000 is a good choice.
+    seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
+        the same interval.
 
 Returns:
     nll (`float`): mean negative log-likelihood in nats, in [0, -log(1e-12) ≈ 27.63]; lower is better.
+    nll_low, nll_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+        percentile interval.
 
 Examples:
     >>> import evaluate
@@ -33,6 +40,9 @@ Examples:
     0.4904
     >>> round(nll.compute(predictions=[[0.0, 0.0]], references=[1], from_logits=True)["nll"], 4)
     0.6931
+    >>> results = nll.compute(predictions=[[0.5, 0.5], [0.25, 0.75]] * 50, references=[0, 1] * 50, bootstrap=500)
+    >>> {name: round(value, 4) for name, value in results.items()}
+    {'nll': 0.4904, 'nll_low': 0.449, 'nll_high': 0.5292}
 """
 
 _CITATION = """
@@ -61,6 +71,8 @@ class Nll(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://doi.org/10.1198/016214506000001437"],
         )
 
-    def _compute(self, predictions, references, **kwargs):
-        """kwargs: ``from_logits`` (see above)."""
-        return {"nll": negative_log_likelihood(predictions, references, **kwargs)}
+    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
+        """kwargs: ``from_logits``; ``bootstrap``, ``seed``: see above."""
+        result = {"nll": negative_log_likelihood(predictions, references, **kwargs)}
+        result.update(interval_columns(predictions, references, {"nll": "nll"}, replicates=bootstrap, seed=seed, **kwargs))
+        return result

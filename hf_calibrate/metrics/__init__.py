@@ -16,7 +16,7 @@ from .functional import (
     negative_log_likelihood,
     reliability_bins,
 )
-from .intervals import Interval, bootstrap_intervals, paired_bootstrap_intervals, verdict
+from .intervals import Interval, bootstrap_intervals, interval_columns, paired_bootstrap_intervals, verdict
 from .smooth import smooth_calibration_error, smooth_ece_from_confidences
 from .streaming import CalibrationMetrics, IntervalReport, calibration_report, interval_report, paired_intervals
 
@@ -35,6 +35,7 @@ __all__ = [
     "classwise_calibration_error",
     "debiased_calibration_error",
     "expected_calibration_error",
+    "interval_columns",
     "interval_report",
     "maximum_calibration_error",
     "negative_log_likelihood",

@@ -576,6 +576,27 @@ def paired_bootstrap_intervals(
     return (draws_a - _one_shot_draws(probs_b, labels_b, names, n_bins, replicates, seed)).intervals(confidence)
 
 
+def interval_columns(
+    probs: Any, labels: Any, names: Mapping[str, str], *, replicates: int, seed: int = 0, **options: Any
+) -> Dict[str, float]:
+    """Flat ``{key}_low`` / ``{key}_high`` floats of the 95 % bootstrap interval of metric ``names[key]``.
+
+    The columns the ``evaluate`` modules add with ``bootstrap=R`` (flat floats, as
+    ``evaluate.push_to_hub`` and leaderboards take them); ``replicates=0`` gives none.
+    ``options``: ``n_bins``, ``from_logits`` (see :func:`bootstrap_intervals`).
+
+    Example:
+        >>> columns = interval_columns([[0.9, 0.1], [0.2, 0.8]] * 20, [0, 0] * 20, {"acc": "accuracy"}, replicates=100)
+        >>> sorted(columns), columns["acc_low"] < 0.5 < columns["acc_high"]
+        (['acc_high', 'acc_low'], True)
+    """
+    replicates, seed = check_replicates(replicates, "bootstrap", allow_zero=True), check_seed(seed)
+    if not replicates:
+        return {}
+    intervals = bootstrap_intervals(probs, labels, metrics=list(names.values()), replicates=replicates, seed=seed, **options)
+    return {f"{key}_{end}": float(getattr(intervals[name], end)) for key, name in names.items() for end in ("low", "high")}
+
+
 def verdict(difference: Interval, lower_is_better: bool = True) -> str:
     """Read a paired difference A − B: ``"improved"``, ``"made worse"`` or no detectable change.
 

@@ -1,0 +1,175 @@
+"""Several calibrations of one base model, ranked on the same test data with paired intervals.
+
+Every calibrated model scores the same samples under the same Poisson-bootstrap weights (each
+sample keyed by its dataset index, one seed), so the difference between two methods has a
+*paired* interval: replicate r resamples both alike, and the noise of the test set largely
+cancels. :func:`compare` ranks the methods, and the uncalibrated base, by one metric; a row whose
+paired difference to the best holds 0 is *tied* with it: this test set cannot tell them apart.
+
+The JSON result::
+
+    {"metric": "ece", "dataset": str, "split": str or None, "bootstrap": {...},
+     "rows": [{"name": str, "metrics": {metric: value}, "interval": interval of the metric,
+               "versus_best": interval of metric(row) − metric(best) or None (the best row),
+               "tied_with_best": bool}, ...],                  # best first
+     "reliability": {name: ReliabilityBins.to_dict()}}        # uncalibrated first, then as given
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from . import evaluation, reporting
+from ._atomic import write_text_atomically
+from .metrics import CalibrationMetrics, interval_report
+from .metrics.intervals import DEFAULT_CONFIDENCE
+
+#: the name of the base model's row
+UNCALIBRATED = "uncalibrated"
+#: the columns of :func:`markdown_table` beside the ranked metric
+TABLE_METRICS = ("accuracy", "ece", "nll", "brier")
+
+
+def _check_models(models: Any) -> Dict[str, Any]:
+    """A non-empty {name: CalibratedModel} of one base (the same weights fingerprint)."""
+    from .modeling import CalibratedModel
+
+    if not isinstance(models, Mapping) or not models:
+        raise ValueError("models must be a non-empty mapping of name -> CalibratedModel, e.g. {'temperature': ts, ...}.")
+    for name, model in models.items():
+        if not isinstance(name, str) or not name or name == UNCALIBRATED:
+            raise ValueError(f"model names must be non-empty strings other than {UNCALIBRATED!r}, got {name!r}.")
+        if not isinstance(model, CalibratedModel):
+            raise ValueError(f"models[{name!r}] must be a CalibratedModel, got {type(model).__name__}.")
+    fingerprints = {name: model.provenance.get("base_fingerprint") for name, model in models.items()}
+    if len(set(fingerprints.values())) > 1:
+        raise ValueError(
+            f"the models calibrate different base models (weights fingerprints {fingerprints}); compare calibrations "
+            "of one base, so that their 'uncalibrated' row and paired differences mean something."
+        )
+    return dict(models)
+
+
+def _check_metric(metric: Any) -> str:
+    if metric not in evaluation.INTERVAL_METRICS:
+        raise ValueError(f"metric must be one of {list(evaluation.INTERVAL_METRICS)} (it needs intervals), got {metric!r}.")
+    return metric
+
+
+def _accumulators(models: Dict[str, Any], data: Any, own: Dict[str, Any], options: Dict[str, Any]) -> Dict[str, CalibrationMetrics]:
+    """{name: calibrated accumulator} of every model, and the base's under :data:`UNCALIBRATED` (first)."""
+    scored: Dict[str, CalibrationMetrics] = {}
+    for name, model in models.items():
+        uncalibrated, calibrated = model._accumulate(data, own, dict(options))
+        scored.setdefault(UNCALIBRATED, uncalibrated)
+        scored[name] = calibrated
+    return scored
+
+
+def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float) -> List[Dict[str, Any]]:
+    """The ranked rows: best first by ``metric``, each with its interval and paired difference to the best."""
+    points = {name: evaluation.summarize_one(accumulator, confidence=confidence) for name, accumulator in scored.items()}
+    higher_is_better = metric in evaluation.HIGHER_IS_BETTER
+    order = sorted(scored, key=lambda name: points[name][metric], reverse=higher_is_better)
+    best = order[0]
+    rows = []
+    for name in order:
+        versus: Optional[Dict[str, Any]] = None
+        if name != best:
+            versus = interval_report(scored[name], scored[best], metrics=[metric], confidence=confidence).difference[metric].to_dict()
+        rows.append({
+            "name": name,
+            "metrics": {key: value for key, value in points[name].items() if key != "intervals"},
+            "interval": points[name]["intervals"][metric],
+            "versus_best": versus,
+            "tied_with_best": versus is None or versus["low"] <= 0.0 <= versus["high"],
+        })
+    return rows
+
+
+def compare(
+    models: Mapping[str, Any],
+    data: Any,
+    *,
+    metric: str = "ece",
+    n_bins: int = 15,
+    bootstrap: int = evaluation.DEFAULT_BOOTSTRAP,
+    dataset_name: Optional[str] = None,
+    split: Optional[str] = None,
+    **options: Any,
+) -> Dict[str, Any]:
+    """Rank calibrations of one base on labelled ``data`` by ``metric``, with paired bootstrap intervals.
+
+    Args:
+        models: {name: CalibratedModel}, all calibrations of the same base model.
+        data: the test data, in any form :meth:`CalibratedModel.evaluate` takes.
+        metric: the ranking metric, one of :data:`hf_calibrate.evaluation.INTERVAL_METRICS`
+            (lower is better, accuracy higher).
+        n_bins, bootstrap: bins of the binned metrics; bootstrap replicates R ≥ 1 of the 95 % intervals.
+        dataset_name, split: how the result names the data.
+        **options: engine options of the evaluations (``batch_size``, ``seed``, ``progress``, ...).
+
+    Returns:
+        Plain JSON data (module docstring). Each model runs its own pass over ``data``.
+    """
+    models, metric = _check_models(models), _check_metric(metric)
+    if not evaluation.check_bootstrap(bootstrap):
+        raise ValueError("bootstrap must be >= 1 for a comparison: its ranking rests on the paired intervals.")
+    own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": None, "bootstrap": bootstrap}
+    scored = _accumulators(models, data, own, options)
+    first = next(iter(scored.values()))
+    return {
+        "metric": metric,
+        "dataset": dataset_name or reporting.data_display_name(data),
+        "split": split or reporting.data_split(data),
+        "bootstrap": {"replicates": first.bootstrap, "seed": first.seed, "confidence": DEFAULT_CONFIDENCE},
+        "rows": _rows(scored, metric, DEFAULT_CONFIDENCE),
+        "reliability": {name: accumulator.reliability().to_dict() for name, accumulator in scored.items()},
+    }
+
+
+def _cells(row: Dict[str, Any], metric: str) -> Tuple[str, ...]:
+    point = f"{row['metrics'][metric]:.4f} {reporting.interval_text(row['interval'])}"
+    versus = row["versus_best"]
+    difference = "best" if versus is None else f"{versus['point']:+.4f} {reporting.interval_text(versus, signed=True)}"
+    others = tuple(f"{row['metrics'][key]:.4f}" for key in TABLE_METRICS if key != metric)
+    return (row["name"], point, difference, "yes" if row["tied_with_best"] else "no", *others)
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    """The ranking as a Markdown table, with what it was computed on and how to read the intervals."""
+    metric = result["metric"]
+    name = reporting.METRIC_NAMES[metric]
+    others = [reporting.METRIC_NAMES[key] for key in TABLE_METRICS if key != metric]
+    header = ["method", f"{name} [95% CI]", f"{name} − best [95% CI]", "tied with best", *others]
+    samples = result["rows"][0]["metrics"]["num_samples"]
+    bootstrap = result["bootstrap"]
+    lines = [
+        f"Ranked by {name} on {reporting.data_label(result['dataset'], result['split'], samples)}; "
+        f"{bootstrap['confidence']:.0%} Poisson-bootstrap intervals ({bootstrap['replicates']} replicates, seed "
+        f"{bootstrap['seed']}), paired across methods: a method whose difference to the best holds 0 is tied with it.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(_cells(row, metric)) + " |" for row in result["rows"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+#: the files :func:`write` writes into its folder
+FILES = ("comparison.md", "comparison.json", "comparison.png")
+
+
+def write(result: Dict[str, Any], table: str, folder: Path) -> None:
+    """``comparison.md`` (``table``), ``comparison.json`` (``result``) and ``comparison.png`` (every row's reliability
+    diagram side by side, uncalibrated first) into ``folder``, each file written atomically."""
+    from .plotting import compare_reliability_diagrams
+
+    folder.mkdir(parents=True, exist_ok=True)
+    markdown, record, diagram = (folder / name for name in FILES)
+    write_text_atomically(markdown, table)
+    write_text_atomically(record, json.dumps(result, indent=2) + "\n")
+    title = f"Reliability on {reporting.data_label(result['dataset'], result['split'])}"
+    compare_reliability_diagrams(result["reliability"], title=title, path=diagram)
