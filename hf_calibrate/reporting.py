@@ -191,8 +191,15 @@ def interval_text(interval: Optional[Mapping[str, Any]], *, signed: bool = False
     """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``), ``""`` for None."""
     if not interval or interval.get("low") is None or interval.get("high") is None:
         return ""
-    number = "{:+.4f}" if signed else "{:.4f}"
-    return f"[{number.format(interval['low'])}, {number.format(interval['high'])}]"
+    return f"[{_endpoint(interval['low'], signed)}, {_endpoint(interval['high'], signed)}]"
+
+
+def _endpoint(value: float, signed: bool) -> str:
+    """An interval's end to 4 decimals; a signed one too close to 0 for them in 2 significant digits, so that the
+    side of 0 it lies on (what its verdict reads) shows: ``-3.2e-05``, not ``-0.0000``."""
+    if signed and value != 0.0 and abs(value) < 5e-5:
+        return f"{value:+.1e}"
+    return f"{value:+.4f}" if signed else f"{value:.4f}"
 
 
 def value_text(evaluation: Mapping[str, Any], side: str, key: str) -> str:

@@ -58,3 +58,28 @@ def test_labels_of_evaluations():
     assert reporting.evaluation_label(in_sample).endswith("(in-sample: data the calibration was fitted on, so optimistic)")
     assert reporting.model_index_dataset_name(in_sample) == "digits (in-sample: the calibration data)"
     assert "--eval-split" in reporting.in_sample_warning(in_sample, ["validation"])
+
+
+INTERVAL = {"point": -0.0098, "low": -0.0177, "high": -0.00001, "confidence": 0.95, "replicates": 1000, "seed": 0}
+
+
+def test_interval_ends_show_the_side_of_zero_they_lie_on():
+    assert reporting.interval_text(INTERVAL, signed=True) == "[-0.0177, -1.0e-05]"  # not "-0.0000", read as "holds 0"
+    assert reporting.interval_text({**INTERVAL, "high": 0.0}, signed=True) == "[-0.0177, +0.0000]"
+    assert reporting.interval_text({**INTERVAL, "low": 0.01, "high": 0.02}) == "[0.0100, 0.0200]"
+    assert reporting.interval_text(None) == "" and reporting.interval_text({**INTERVAL, "low": None}) == ""
+
+
+def test_values_and_changes_carry_their_intervals_when_there_are_any():
+    evaluation = {
+        "uncalibrated": {"ece": 0.05, "intervals": {"ece": {**INTERVAL, "low": 0.03, "high": 0.07}}},
+        "calibrated": {"ece": 0.02},
+        "difference": {"ece": {**INTERVAL, "low": -0.04, "high": -0.01}},
+        "verdicts": {"ece": "improved", "nll": "no detectable change at this test size", "brier": "made worse"},
+    }
+    assert reporting.value_text(evaluation, "uncalibrated", "ece") == "0.0500 [0.0300, 0.0700]"
+    assert reporting.value_text(evaluation, "calibrated", "ece") == "0.0200"
+    assert reporting.change_text(evaluation, "ece") == "-0.0300 [-0.0400, -0.0100]"
+    assert reporting.verdict_summary(evaluation) == (
+        "ECE improved; NLL: no detectable change at this test size; Brier made worse")
+    assert reporting.verdict_summary({}) is None and reporting.bootstrap_note({}) is None
