@@ -740,6 +740,12 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     if loaded.calibrated:
         raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); compare calibrations of its base model.")
     data = load_data(args, adapt(loaded.model), state, args.label_column, lambda available: fit_splits(args, available))
+    fitted_on = {name for role, name in data.names.items() if role != "evaluation"}
+    if data.names.get("evaluation") in fitted_on:
+        raise UserError(f"--eval-split {data.names['evaluation']!r} is a split the fits use, so the ranking would be in-sample "
+                        "and favour the methods that fit it closest; rank on a split no fit uses.")
+    if args.bootstrap == 0:
+        raise UserError("compare ranks by paired bootstrap intervals: --bootstrap must be at least 100 (default 1000).")
     if "evaluation" not in data.splits:
         raise UserError(f"compare ranks methods on a split the fits do not use, and {args.dataset} has none besides "
                         f"{data.names['calibration']!r} (its splits: {data.available}); add one, or name it with --eval-split.")
@@ -753,7 +759,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
             fallback = models[method].fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
     result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
-                                bootstrap=args.bootstrap or 1000, dataset_name=source_display_name(args.dataset),
+                                bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),
                                 split=data.names["evaluation"], **engine_options(options))
     table = comparison.markdown_table(result)
     console.result(table)
@@ -880,7 +886,7 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
             calibrated.save_pretrained(args.output / demo_folder(model.name, method), is_main_process=state.is_main_process)
             rows.append(_demo_row(model.name, method, evaluation))
             changes.append(_demo_change_row(model.name, method, evaluation))
-    console.result(_demo_report(rows, changes, settings, args.quick))
+    console.result(_demo_report(rows, changes if args.bootstrap else [], settings, args.quick))
     console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
 
@@ -919,15 +925,18 @@ def _demo_report(rows: List[List[str]], changes: List[List[str]], settings: List
 
     header = ["model", "method", "test n", *(METRIC_NAMES[key] for key in DEMO_METRICS)]
     change_header = ["model", "method", *(f"Δ {METRIC_NAMES[key]} [95% CI]" for key in DEMO_CHANGES)]
+    change_table = [
+        "Change, calibrated − uncalibrated, with its paired 95% bootstrap interval; 'no change': the interval holds 0, "
+        "so this test set cannot tell the change from noise:",
+        format_table(change_header, changes),
+        "",
+    ] if changes else []
     return "\n".join([
         "",
         "Test-split metrics, uncalibrated → calibrated (lower is better except accuracy):",
         format_table(header, rows),
         "",
-        "Change, calibrated − uncalibrated, with its paired 95% bootstrap interval; 'no change': the interval holds 0, "
-        "so this test set cannot tell the change from noise:",
-        format_table(change_header, changes),
-        "",
+        *change_table,
         "The demo uses a short Neural Clamping schedule and data subsets to run in about a minute on a laptop CPU"
         + (" (--quick: even smaller; the numbers are noisy)" if quick else "") + ":",
         *settings,

@@ -9,6 +9,7 @@ paired difference to the best holds 0 is *tied* with it: this test set cannot te
 The JSON result::
 
     {"metric": "ece", "dataset": str, "split": str or None, "bootstrap": {...},
+     "in_sample": [names of the models fitted on these very data (their rows are optimistic)],
      "rows": [{"name": str, "metrics": {metric: value}, "interval": interval of the metric,
                "versus_best": interval of metric(row) − metric(best) or None (the best row),
                "tied_with_best": bool}, ...],                  # best first
@@ -24,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import evaluation, reporting
 from ._atomic import write_text_atomically
 from .metrics import CalibrationMetrics, interval_report
-from .metrics.intervals import DEFAULT_CONFIDENCE
+from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER
 
 #: the name of the base model's row
 UNCALIBRATED = "uncalibrated"
@@ -71,7 +72,7 @@ def _accumulators(models: Dict[str, Any], data: Any, own: Dict[str, Any], option
 def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float) -> List[Dict[str, Any]]:
     """The ranked rows: best first by ``metric``, each with its interval and paired difference to the best."""
     points = {name: evaluation.summarize_one(accumulator, confidence=confidence) for name, accumulator in scored.items()}
-    higher_is_better = metric in evaluation.HIGHER_IS_BETTER
+    higher_is_better = metric in HIGHER_IS_BETTER
     order = sorted(scored, key=lambda name: points[name][metric], reverse=higher_is_better)
     best = order[0]
     rows = []
@@ -84,7 +85,8 @@ def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float)
             "metrics": {key: value for key, value in points[name].items() if key != "intervals"},
             "interval": points[name]["intervals"][metric],
             "versus_best": versus,
-            "tied_with_best": versus is None or versus["low"] <= 0.0 <= versus["high"],
+            # no interval (every replicate empty) cannot tell the two apart either
+            "tied_with_best": versus is None or None in (versus["low"], versus["high"]) or versus["low"] <= 0.0 <= versus["high"],
         })
     return rows
 
@@ -116,7 +118,8 @@ def compare(
     """
     models, metric = _check_models(models), _check_metric(metric)
     if not evaluation.check_bootstrap(bootstrap):
-        raise ValueError("bootstrap must be >= 1 for a comparison: its ranking rests on the paired intervals.")
+        raise ValueError(f"bootstrap must be >= {evaluation.MIN_BOOTSTRAP} for a comparison: its ranking rests on the paired "
+                         "intervals.")
     own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": None, "bootstrap": bootstrap}
     scored = _accumulators(models, data, own, options)
     first = next(iter(scored.values()))
@@ -125,6 +128,7 @@ def compare(
         "dataset": dataset_name or reporting.data_display_name(data),
         "split": split or reporting.data_split(data),
         "bootstrap": {"replicates": first.bootstrap, "seed": first.seed, "confidence": DEFAULT_CONFIDENCE},
+        "in_sample": sorted(name for name, model in models.items() if model.fitted_on(data)),
         "rows": _rows(scored, metric, DEFAULT_CONFIDENCE),
         "reliability": {name: accumulator.reliability().to_dict() for name, accumulator in scored.items()},
     }
@@ -146,7 +150,11 @@ def markdown_table(result: Dict[str, Any]) -> str:
     header = ["method", f"{name} [95% CI]", f"{name} − best [95% CI]", "tied with best", *others]
     samples = result["rows"][0]["metrics"]["num_samples"]
     bootstrap = result["bootstrap"]
+    in_sample = result.get("in_sample") or []
+    warning = ([f"**In-sample for {', '.join(in_sample)}**: these data are data they were fitted on, so their rows are "
+                "optimistic and the ranking favours them. Rank on a split no fit used.", ""] if in_sample else [])
     lines = [
+        *warning,
         f"Ranked by {name} on {reporting.data_label(result['dataset'], result['split'], samples)}; "
         f"{bootstrap['confidence']:.0%} Poisson-bootstrap intervals ({bootstrap['replicates']} replicates, seed "
         f"{bootstrap['seed']}), paired across methods: a method whose difference to the best holds 0 is tied with it.",

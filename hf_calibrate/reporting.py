@@ -212,7 +212,7 @@ def change_text(evaluation: Mapping[str, Any], key: str) -> str:
     """calibrated − uncalibrated of ``key`` with its paired interval when there is one: ``"-0.0431 [-0.0620, -0.0240]"``."""
     change = evaluation["calibrated"][key] - evaluation["uncalibrated"][key]
     interval = (evaluation.get("difference") or {}).get(key)
-    return " ".join(filter(None, (f"{change:+.4f}", interval_text(interval, signed=True))))
+    return " ".join(filter(None, (_endpoint(change, signed=True), interval_text(interval, signed=True))))
 
 
 def shown_metrics(evaluation: Mapping[str, Any], keys: Sequence[str] = tuple(METRIC_NAMES)) -> List[str]:
@@ -226,9 +226,10 @@ def bootstrap_note(evaluation: Mapping[str, Any]) -> Optional[str]:
     bootstrap = evaluation.get("bootstrap")
     if not bootstrap:
         return None
+    paired = "; the change is paired: both sides resampled alike" if "calibrated" in evaluation else ""
     return (
         f"[low, high]: {bootstrap['confidence']:.0%} Poisson-bootstrap intervals ({bootstrap['replicates']} replicates, "
-        f"seed {bootstrap['seed']}); the change is paired: both sides resampled alike"
+        f"seed {bootstrap['seed']}){paired}"
     )
 
 

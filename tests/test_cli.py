@@ -374,6 +374,16 @@ def test_compare_refuses_a_dataset_without_a_held_out_split(digits_cnn, tmp_path
     assert not (tmp_path / "out" / "comparison.json").exists()
 
 
+def test_compare_refuses_to_rank_on_a_split_the_fits_use_or_without_intervals(digits_cnn, digits_folder, tmp_path, capsys):
+    common = ["compare", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--methods", "temperature",
+              "--no-progress", "--output", str(tmp_path / "out")]
+    assert main([*common, "--eval-split", "calibration"]) == 1
+    assert "is a split the fits use, so the ranking would be in-sample" in capsys.readouterr().err
+    assert main([*common, "--bootstrap", "0"]) == 1
+    assert "--bootstrap must be at least 100" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "comparison.json").exists()
+
+
 def test_compare_refuses_unknown_or_repeated_methods(capsys):
     for methods in ("temperature,nope", "temperature,temperature"):
         with pytest.raises(SystemExit) as exit_info:

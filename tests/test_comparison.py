@@ -82,6 +82,24 @@ def test_a_model_compared_with_itself_is_tied_at_exactly_zero(models):
         assert a["versus_best"] == b["versus_best"] and a["tied_with_best"] == b["tied_with_best"]
 
 
+def test_models_fitted_on_the_ranked_data_are_named_and_flagged(models):
+    ts = models["models"]["temperature"]
+    calibration = tm.image_data(models["base"], 64, seed=3)
+    own = tm.fit(models["base"], calibration, "histogram")
+    result = compare({"ts": ts, "own": own}, calibration, bootstrap=REPLICATES, progress=False)
+    assert result["in_sample"] == ["own"]
+    assert markdown_table(result).startswith("**In-sample for own**")
+    assert compare({"ts": ts}, models["test"], bootstrap=REPLICATES, progress=False)["in_sample"] == []
+
+
+def test_no_interval_counts_as_a_tie(models):
+    """One test sample with R replicates: a replicate may hold it 0 times; with all empty there are no ends."""
+    from torch.utils.data import Subset
+
+    result = compare(models["models"], Subset(models["test"], [0]), bootstrap=REPLICATES, progress=False)
+    assert all(isinstance(row["tied_with_best"], bool) for row in result["rows"])
+
+
 def test_markdown_table_and_files(result, tmp_path):
     table = markdown_table(result)
     assert table.count("\n| ") == len(result["rows"]) + 1  # header and one line per row
@@ -101,7 +119,8 @@ def test_refuses_what_it_cannot_rank(models):
         ({UNCALIBRATED: ts}, {}, "other than 'uncalibrated'"),
         ({"ts": ts, "other": other}, {}, "different base models"),
         ({"ts": ts}, {"metric": "classwise_ece"}, "metric must be one of"),
-        ({"ts": ts}, {"bootstrap": 0}, "bootstrap must be >= 1"),
+        ({"ts": ts}, {"bootstrap": 0}, "bootstrap must be >= 100"),
+        ({"ts": ts}, {"bootstrap": 50}, "at least 100 replicates"),
     ]
     for given, options, message in cases:
         with pytest.raises(ValueError, match=message):

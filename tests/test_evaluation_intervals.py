@@ -81,7 +81,7 @@ def test_verdicts_read_the_paired_intervals(scored):
         assert evaluation["verdicts"][name] == want, name
 
 
-@pytest.mark.parametrize("bootstrap", (-1, 1.5, True, "100"))
+@pytest.mark.parametrize("bootstrap", (-1, 1.5, True, "100", 1, 99))
 def test_a_bad_bootstrap_is_refused_before_any_work(scored, bootstrap):
     with pytest.raises(ValueError, match="bootstrap"):
         scored["model"].evaluate(scored["test"], bootstrap=bootstrap, progress=False)
@@ -91,3 +91,14 @@ def test_bootstrap_zero_gives_points_only(scored):
     evaluation = scored["model"].evaluate(scored["test"], bootstrap=0, progress=False)
     assert not {"difference", "verdicts", "bootstrap"} & set(evaluation)
     assert "intervals" not in evaluation["calibrated"] and "smooth_ece" in evaluation["calibrated"]
+
+
+def test_too_few_test_samples_give_no_verdict_but_their_intervals(scored):
+    """One sample: every replicate resamples it, so each interval has zero width; no verdict may rest on that."""
+    from torch.utils.data import Subset
+
+    from hf_calibrate.evaluation import MIN_VERDICT_SAMPLES
+
+    few = scored["model"].evaluate(Subset(scored["test"], range(MIN_VERDICT_SAMPLES - 1)), bootstrap=REPLICATES, progress=False)
+    assert set(few["verdicts"].values()) == {"no detectable change at this test size"}
+    assert few["difference"]["ece"]["low"] is not None  # the intervals are still there

@@ -83,3 +83,15 @@ def test_values_and_changes_carry_their_intervals_when_there_are_any():
     assert reporting.verdict_summary(evaluation) == (
         "ECE improved; NLL: no detectable change at this test size; Brier made worse")
     assert reporting.verdict_summary({}) is None and reporting.bootstrap_note({}) is None
+
+
+def test_the_interval_note_claims_pairing_only_for_two_sides():
+    settings = {"replicates": 1000, "seed": 0, "confidence": 0.95}
+    plain = reporting.bootstrap_note({"uncalibrated": {}, "bootstrap": settings})
+    assert plain == "[low, high]: 95% Poisson-bootstrap intervals (1000 replicates, seed 0)"
+    assert "paired" in reporting.bootstrap_note({"uncalibrated": {}, "calibrated": {}, "bootstrap": settings})
+
+
+def test_a_change_too_small_for_four_decimals_shows_its_sign():
+    evaluation = {"uncalibrated": {"ece": 0.01}, "calibrated": {"ece": 0.01 - 2e-6}}
+    assert reporting.change_text(evaluation, "ece") == "-2.0e-06"

@@ -78,6 +78,8 @@ PER_SAMPLE_METRICS = ("ada_ece", "smooth_ece")
 #: Calibration errors, biased upwards by resampling: their intervals are shifted by the bootstrap bias.
 BIAS_SHIFTED_METRICS = ("ece", "mce", "rms_ce", "ada_ece", "smooth_ece")
 VERDICTS = ("improved", "made worse", "no detectable change at this test size")
+#: the metrics for which a higher value is better (a verdict reads their difference the other way)
+HIGHER_IS_BETTER = frozenset({"accuracy"})
 
 # ----------------------------------------------------------------------------- weight generator
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 import torch
 
 from ..calibrators import CALIBRATORS
-from ..metrics.intervals import VERDICTS
+from ..metrics.intervals import HIGHER_IS_BETTER, VERDICTS
 from ..version import __version__
 from .files import CALIBRATION_CONFIG
 from .identity import repo_id_problem
@@ -189,11 +189,39 @@ def _intervals(value: Any) -> Optional[str]:
     if isinstance(value, dict) and len(value) <= 64 and all(
         isinstance(name, str) and isinstance(interval, dict)
         and all(_number_or_null(interval.get(key)) for key in ("point", "low", "high"))
+        and (None in (interval["low"], interval["high"]) or interval["low"] <= interval["high"])
         and isinstance(interval.get("confidence"), float) and 0.0 < interval["confidence"] < 1.0
         for name, interval in value.items()
     ):
         return None
-    return "must map each metric to an interval with 'point', 'low', 'high' (numbers or null) and 'confidence' in (0, 1)"
+    return ("must map each metric to an interval with 'point', 'low' <= 'high' (numbers or null) and 'confidence' "
+            "in (0, 1)")
+
+
+def _bootstrap_settings(value: Any) -> Optional[str]:
+    """The settings of an evaluation's intervals: integer ``replicates`` >= 1 and ``seed``, ``confidence`` in (0, 1)."""
+    if isinstance(value, dict) and _is_int(value.get("replicates")) and value["replicates"] >= 1 and _is_int(value.get("seed")) \
+            and isinstance(value.get("confidence"), float) and 0.0 < value["confidence"] < 1.0:
+        return None
+    return "must hold an integer 'replicates' >= 1, an integer 'seed' and a 'confidence' in (0, 1)"
+
+
+def _verdicts_follow(evaluation: Any) -> bool:
+    """Each recorded verdict is what its paired difference reads (improved: the interval below 0; made worse: above;
+    accuracy the other way round), or "no detectable change" (what too small a test set is given)."""
+    if not isinstance(evaluation, dict) or not evaluation.get("verdicts"):
+        return True
+    differences = evaluation.get("difference") or {}
+    for name, said in evaluation["verdicts"].items():
+        interval = differences.get(name)
+        if interval is None or None in (interval["low"], interval["high"]):
+            return False
+        sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
+        low, high = sorted((sign * interval["low"], sign * interval["high"]))
+        read = VERDICTS[0] if high < 0 else VERDICTS[1] if low > 0 else VERDICTS[2]
+        if said not in (read, VERDICTS[2]):
+            return False
+    return True
 
 
 def _verdicts(value: Any) -> Optional[str]:
@@ -267,7 +295,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "evaluation.calibrated.intervals": Field(_intervals),
     "evaluation.difference": Field(_intervals),
     "evaluation.verdicts": Field(_verdicts),
-    "evaluation.bootstrap": Field(_json_object(1)),
+    "evaluation.bootstrap": Field(_bootstrap_settings),
     "files": Field(_mapping, 1),
     "files.weights": Field(path_problem, 1),
     "files.base": Field(_optional(path_problem)),
@@ -344,6 +372,10 @@ def _check_consistency(record: Dict[str, Any], version: int, file: Any) -> None:
          "must be [channels, height, width] for an image model and null for a text model"),
         ("input_contract.input_size", None in (delta, contract.get("input_size")) or delta == contract.get("input_size"),
          f"differs from calibrator.delta_shape {delta} (δ is shaped like one calibration input)"),
+        ("evaluation.verdicts", _verdicts_follow(record.get("evaluation")),
+         "must each read their paired interval in evaluation.difference (improved: below 0, made worse: above 0)"),
+        ("evaluation.bootstrap", not (record.get("evaluation") or {}).get("difference") or "bootstrap" in record["evaluation"],
+         "must say how the intervals in evaluation.difference were made"),
     ]
     if version >= 2:
         rules += [
