@@ -707,8 +707,9 @@ def evaluate_plain_model(
     from .backbones import adapt
     from .data import prepare_data
     from .fitting import Engine, EngineOptions
-    from .evaluation import accumulators, summarize_one
+    from .evaluation import accumulators, bootstrap_settings, check_bootstrap, summarize_one
 
+    bootstrap = check_bootstrap(bootstrap)
     engine = Engine(EngineOptions(**options))
     backbone = adapt(model)
     model.to(engine.device).eval()
@@ -722,7 +723,7 @@ def evaluate_plain_model(
               "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
               "dataset": dataset_name, "split": split, "n_bins": n_bins}
     if bootstrap:
-        result["bootstrap"] = {"replicates": bootstrap, "seed": metrics.seed, "confidence": 0.95}
+        result["bootstrap"] = bootstrap_settings(metrics)
     return result
 
 

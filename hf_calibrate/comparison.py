@@ -127,7 +127,7 @@ def compare(
         "metric": metric,
         "dataset": dataset_name or reporting.data_display_name(data),
         "split": split or reporting.data_split(data),
-        "bootstrap": {"replicates": first.bootstrap, "seed": first.seed, "confidence": DEFAULT_CONFIDENCE},
+        "bootstrap": evaluation.bootstrap_settings(first),
         "in_sample": sorted(name for name, model in models.items() if model.fitted_on(data)),
         "rows": _rows(scored, metric, DEFAULT_CONFIDENCE),
         "reliability": {name: accumulator.reliability().to_dict() for name, accumulator in scored.items()},

@@ -103,8 +103,13 @@ def summarize(
         **sides,
         "difference": {name: interval.to_dict() for name, interval in report.difference.items()},
         "verdicts": {name: _verdict(interval, name, samples) for name, interval in report.difference.items()},
-        "bootstrap": {"replicates": calibrated.bootstrap, "seed": calibrated.seed, "confidence": confidence},
+        "bootstrap": bootstrap_settings(calibrated, confidence),
     }
+
+
+def bootstrap_settings(metrics: CalibrationMetrics, confidence: float = DEFAULT_CONFIDENCE) -> Dict[str, Any]:
+    """How an evaluation's intervals were made: ``{"replicates": R, "seed": s, "confidence": level}``."""
+    return {"replicates": metrics.bootstrap, "seed": metrics.seed, "confidence": confidence}
 
 
 def summarize_one(metrics: CalibrationMetrics, *, confidence: float = DEFAULT_CONFIDENCE, sync: bool = True) -> Dict[str, Any]:

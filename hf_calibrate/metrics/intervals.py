@@ -42,7 +42,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
