@@ -188,7 +188,7 @@ def _intervals(value: Any) -> Optional[str]:
     """Intervals by metric name: ``point``, ``low``, ``high`` (finite numbers or null), ``confidence`` in (0, 1)."""
     if isinstance(value, dict) and len(value) <= 64 and all(
         isinstance(name, str) and isinstance(interval, dict)
-        and all(_number_or_null(interval.get(key)) for key in ("point", "low", "high"))
+        and all(key in interval and _number_or_null(interval[key]) for key in ("point", "low", "high"))
         and (None in (interval["low"], interval["high"]) or interval["low"] <= interval["high"])
         and isinstance(interval.get("confidence"), float) and 0.0 < interval["confidence"] < 1.0
         for name, interval in value.items()
@@ -214,7 +214,7 @@ def _verdicts_follow(evaluation: Any) -> bool:
     differences = evaluation.get("difference") or {}
     for name, said in evaluation["verdicts"].items():
         interval = differences.get(name)
-        if interval is None or None in (interval["low"], interval["high"]):
+        if not isinstance(interval, dict) or None in (interval.get("low"), interval.get("high")):
             return False
         sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
         low, high = sorted((sign * interval["low"], sign * interval["high"]))
