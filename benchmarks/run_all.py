@@ -49,6 +49,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "logit_fits": ("bench_logit_fits.py", "speed", "logit-space calibrators: fit time on 50,000 × 1,000 logits"),
     "head_cost": ("bench_head_cost.py", "speed", "head retraining: feature extraction vs per-epoch head cost"),
     "intervals": ("bench_intervals.py", "quality", "bootstrap intervals: coverage of the truth on synthetic data"),
+    "evaluate_cost": ("bench_evaluate_cost.py", "speed", "what the intervals cost an evaluation: bootstrap=1000 vs 0"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

@@ -21,6 +21,7 @@ SCRIPTS = {
     "inference": "bench_inference.py",
     "logit_fits": "bench_logit_fits.py",
     "head_cost": "bench_head_cost.py",
+    "evaluate_cost": "bench_evaluate_cost.py",
     "gpu": "bench_gpu.py",  # on CPU with --quick: tiny models, marked as not GPU numbers
 }
 TABLE_RULE = re.compile(r"^\|(-{3,}:?\|)+$", re.MULTILINE)
