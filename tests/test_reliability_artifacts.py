@@ -329,6 +329,8 @@ LOAD_CASES: List[LoadCase] = [
     LoadCase("record nested 200,000 deep", "plain", "not valid JSON", deep_json),
     LoadCase("evaluation bins malformed", "plain", "'evaluation.reliability'",
              set_key("evaluation.reliability", {"calibrated": {"counts": "many", "mean_confidence": [], "accuracy": []}})),
+    LoadCase("a metric is a string", "plain", "'evaluation.calibrated'", set_key("evaluation.calibrated.ece", "0.05")),
+    LoadCase("a metric is NaN", "plain", "'evaluation.uncalibrated'", set_key("evaluation.uncalibrated.nll", float("nan"))),
     LoadCase("interval settings malformed", "plain", "'evaluation.bootstrap'",
              set_key("evaluation.bootstrap", {"replicates": "x", "seed": None, "confidence": "a"})),
     LoadCase("intervals without their settings", "plain", "'evaluation.bootstrap'", drop_key("evaluation.bootstrap")),

@@ -198,6 +198,16 @@ def _intervals(value: Any) -> Optional[str]:
             "in (0, 1)")
 
 
+def _side_metrics(value: Any) -> Optional[str]:
+    """One side of an evaluation: metric name -> a finite number (its ``intervals`` are checked on their own)."""
+    if isinstance(value, dict) and len(value) <= 64 and all(
+        isinstance(name, str) and (name == "intervals" or (_number_or_null(metric) and metric is not None))
+        for name, metric in value.items()
+    ):
+        return None
+    return "must map each metric name to a finite number"
+
+
 def _bootstrap_settings(value: Any) -> Optional[str]:
     """The settings of an evaluation's intervals: integer ``replicates`` >= 1 and ``seed``, ``confidence`` in (0, 1)."""
     if isinstance(value, dict) and _is_int(value.get("replicates")) and value["replicates"] >= 1 and _is_int(value.get("seed")) \
@@ -291,6 +301,8 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "evaluation.calibration_dataset": Field(_optional(_text(1024))),
     "evaluation.calibration_split": Field(_optional(_text(256))),
     "evaluation.reliability": Field(_optional(_reliability)),
+    "evaluation.uncalibrated": Field(_side_metrics),
+    "evaluation.calibrated": Field(_side_metrics),
     "evaluation.uncalibrated.intervals": Field(_intervals),
     "evaluation.calibrated.intervals": Field(_intervals),
     "evaluation.difference": Field(_intervals),
