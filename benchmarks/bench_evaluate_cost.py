@@ -75,13 +75,18 @@ def _metrics_only(logits: torch.Tensor, labels: torch.Tensor, replicates: int) -
     return run
 
 
+def _synthetic(count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``count`` 10-class N(0, 3²) logits and labels drawn from their softmax (seeded by ``count``)."""
+    generator = torch.Generator().manual_seed(count)
+    logits = torch.randn(count, 10, generator=generator) * 3
+    return logits, torch.multinomial(torch.softmax(logits, 1), 1, generator=generator).squeeze(1)
+
+
 def metrics_only(counts: Sequence[int], rounds: int) -> List[List[str]]:
     """The accumulators and summary alone, bootstrap=0 vs 1000, per N: table rows."""
     rows = []
     for count in counts:
-        generator = torch.Generator().manual_seed(count)
-        logits = torch.randn(count, 10, generator=generator) * 3
-        labels = torch.multinomial(torch.softmax(logits, 1), 1, generator=generator).squeeze(1)
+        logits, labels = _synthetic(count)
         runs = {str(r): _metrics_only(logits, labels, r) for r in (0, REPLICATES)}
         timings = _report.interleaved(runs, rounds, warmup=1, progress=f"metrics N={count:,}")
         base, with_intervals = timings["0"], timings[str(REPLICATES)]
@@ -95,9 +100,7 @@ def smooth_ece_replicates(counts: Sequence[int], replicates: int) -> List[List[s
     """smECE intervals alone (one bandwidth search per replicate): seconds per replicate, per N."""
     rows = []
     for count in counts:
-        generator = torch.Generator().manual_seed(count)
-        logits = torch.randn(count, 10, generator=generator) * 3
-        labels = torch.multinomial(torch.softmax(logits, 1), 1, generator=generator).squeeze(1)
+        logits, labels = _synthetic(count)
         timing = _report.interleaved(
             {"smooth_ece": lambda: bootstrap_intervals(logits, labels, metrics=["smooth_ece"], replicates=replicates,
                                                        from_logits=True)}, 1)["smooth_ece"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -35,11 +35,18 @@ KINDS = ("softmax", "onehot", "quantized", "sparse", "uniform")
 
 
 @st.composite
-def datasets(draw, max_n: int = 120, max_c: int = 12) -> Tuple[np.ndarray, np.ndarray, int]:
-    """(probs float64 (N, C), labels (N,), n_bins) of several shapes: smooth, one-hot, on-edge, tied."""
+def datasets(
+    draw, max_n: int = 120, max_c: int = 12, *, bins: Sequence[int] = (1, 2, 3, 10, 15, 20),
+    labels_from_rows: Optional[bool] = None,
+) -> Tuple[np.ndarray, np.ndarray, int]:
+    """(probs float64 (N, C), labels (N,), n_bins from ``bins``) of several shapes: smooth, one-hot, on-edge, tied.
+
+    Labels are drawn from the rows (roughly calibrated) or uniformly (over-confident): either at random,
+    or as ``labels_from_rows`` says.
+    """
     n = draw(st.integers(1, max_n))
     c = draw(st.integers(1, max_c))
-    n_bins = draw(st.sampled_from([1, 2, 3, 10, 15, 20]))
+    n_bins = draw(st.sampled_from(list(bins)))
     kind = draw(st.sampled_from(KINDS))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if kind == "softmax":
@@ -55,7 +62,7 @@ def datasets(draw, max_n: int = 120, max_c: int = 12) -> Tuple[np.ndarray, np.nd
     else:
         probs = np.ones((n, c))
     probs = probs / probs.sum(axis=1, keepdims=True)
-    if draw(st.booleans()):  # labels drawn from the rows: roughly calibrated, gaps of both signs
+    if draw(st.booleans()) if labels_from_rows is None else labels_from_rows:  # roughly calibrated, gaps of both signs
         labels = np.minimum((probs.cumsum(axis=1) < rng.random((n, 1))).sum(axis=1), c - 1)
     else:
         labels = rng.integers(0, c, size=n)

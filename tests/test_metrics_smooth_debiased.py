@@ -21,6 +21,7 @@ import relplot
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_metrics_properties import datasets
 
 from hf_calibrate.metrics import (
     NonFiniteError,
@@ -361,32 +362,13 @@ def test_debiased_float32_edges_rounded_like_the_peer(mode: str) -> None:
 
 # ----------------------------------------------------------------------------- debiased L2: properties
 
+#: (probs, labels drawn from the rows, n_bins up to 200) for the debiased estimator's properties
+PROBABILITY_DATA = datasets(max_c=8, bins=(1, 2, 3, 10, 15, 200), labels_from_rows=True)
 
-@st.composite
-def probability_data(draw, max_n: int = 120, max_c: int = 8) -> Tuple[np.ndarray, np.ndarray, int]:
-    """(probs float64 (N, C), labels (N,), n_bins): smooth, one-hot, quantised (tied), sparse, uniform."""
-    n, c = draw(st.integers(1, max_n)), draw(st.integers(1, max_c))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = draw(st.sampled_from(["softmax", "onehot", "quantised", "sparse", "uniform"]))
-    if kind == "softmax":
-        logits = rng.normal(size=(n, c)) * draw(st.floats(0.1, 8.0))
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    elif kind == "onehot":
-        probs = np.eye(c)[rng.integers(0, c, size=n)]
-    elif kind == "quantised":
-        probs = rng.integers(0, 5, size=(n, c)).astype(np.float64)
-        probs[:, 0] += 1.0
-    elif kind == "sparse":
-        probs = rng.dirichlet(np.full(c, 0.05), size=n)
-    else:
-        probs = np.ones((n, c))
-    probs /= probs.sum(axis=1, keepdims=True)
-    labels = np.minimum((probs.cumsum(axis=1) < rng.random((n, 1))).sum(axis=1), c - 1)
-    return probs, labels, draw(st.sampled_from([1, 2, 3, 10, 15, 200]))
 
 
 @SETTINGS
-@given(probability_data(), st.sampled_from(["top-label", "marginal"]))
+@given(PROBABILITY_DATA, st.sampled_from(["top-label", "marginal"]))
 def test_debiased_matches_peer_and_lies_in_unit_interval(data, mode: str) -> None:
     probs, labels, n_bins = data
     value = debiased_calibration_error(probs, labels, n_bins=n_bins, mode=mode)
@@ -395,7 +377,7 @@ def test_debiased_matches_peer_and_lies_in_unit_interval(data, mode: str) -> Non
 
 
 @SETTINGS
-@given(probability_data(), st.sampled_from(["top-label", "marginal"]), st.integers(0, 2**32 - 1))
+@given(PROBABILITY_DATA, st.sampled_from(["top-label", "marginal"]), st.integers(0, 2**32 - 1))
 def test_debiased_permutation_invariant(data, mode: str, seed: int) -> None:
     probs, labels, n_bins = data
     order = np.random.default_rng(seed).permutation(len(labels))
