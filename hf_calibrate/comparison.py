@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import evaluation, reporting
 from ._atomic import write_text_atomically
-from .metrics import CalibrationMetrics, interval_report
+from .metrics import CalibrationMetrics, Interval, interval_report
 from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER
 
 #: the name of the base model's row
@@ -71,22 +71,23 @@ def _accumulators(models: Dict[str, Any], data: Any, own: Dict[str, Any], option
 
 def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float) -> List[Dict[str, Any]]:
     """The ranked rows: best first by ``metric``, each with its interval and paired difference to the best."""
-    points = {name: evaluation.summarize_one(accumulator, confidence=confidence) for name, accumulator in scored.items()}
+    points = {name: evaluation.summarize_one(accumulator, names=[metric], confidence=confidence)
+              for name, accumulator in scored.items()}
     higher_is_better = metric in HIGHER_IS_BETTER
     order = sorted(scored, key=lambda name: points[name][metric], reverse=higher_is_better)
     best = order[0]
     rows = []
     for name in order:
-        versus: Optional[Dict[str, Any]] = None
+        versus: Optional[Interval] = None
         if name != best:
-            versus = interval_report(scored[name], scored[best], metrics=[metric], confidence=confidence).difference[metric].to_dict()
+            versus = interval_report(scored[name], scored[best], metrics=[metric], confidence=confidence).difference[metric]
         rows.append({
             "name": name,
             "metrics": {key: value for key, value in points[name].items() if key != "intervals"},
             "interval": points[name]["intervals"][metric],
-            "versus_best": versus,
-            # no interval (every replicate empty) cannot tell the two apart either
-            "tied_with_best": versus is None or None in (versus["low"], versus["high"]) or versus["low"] <= 0.0 <= versus["high"],
+            "versus_best": None if versus is None else versus.to_dict(),
+            # no interval (every replicate empty, NaN ends) cannot tell the two apart either
+            "tied_with_best": versus is None or not versus.excludes_zero,
         })
     return rows
 

@@ -24,7 +24,7 @@ samples every verdict is "no detectable change at this test size" (its intervals
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .metrics import CalibrationMetrics, interval_report, verdict
 from .metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS_BETTER, VERDICTS, check_replicates, check_seed
@@ -112,12 +112,16 @@ def bootstrap_settings(metrics: CalibrationMetrics, confidence: float = DEFAULT_
     return {"replicates": metrics.bootstrap, "seed": metrics.seed, "confidence": confidence}
 
 
-def summarize_one(metrics: CalibrationMetrics, *, confidence: float = DEFAULT_CONFIDENCE, sync: bool = True) -> Dict[str, Any]:
-    """One model's JSON metrics (a side of :func:`summarize`, with intervals when bootstrapped); ``sync``: as for
-    :meth:`CalibrationMetrics.compute` (False when every process holds every sample)."""
+def summarize_one(
+    metrics: CalibrationMetrics, *, names: Optional[Sequence[str]] = None, confidence: float = DEFAULT_CONFIDENCE,
+    sync: bool = True,
+) -> Dict[str, Any]:
+    """One model's JSON metrics (a side of :func:`summarize`, with intervals of ``names`` — default every metric it
+    can resample — when bootstrapped); ``sync``: as for :meth:`CalibrationMetrics.compute` (False when every process
+    holds every sample)."""
     if not metrics.bootstrap:
         return _side(metrics, {}, sync)
-    intervals = metrics.intervals(metrics=_interval_metrics(metrics), confidence=confidence, sync=sync)
+    intervals = metrics.intervals(metrics=names or _interval_metrics(metrics), confidence=confidence, sync=sync)
     return _side(metrics, intervals, sync)
 
 

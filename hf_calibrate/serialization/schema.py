@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 import torch
 
 from ..calibrators import CALIBRATORS
-from ..metrics.intervals import HIGHER_IS_BETTER, VERDICTS
+from ..metrics.intervals import HIGHER_IS_BETTER, VERDICTS, Interval, verdict
 from ..version import __version__
 from .files import CALIBRATION_CONFIG
 from .identity import repo_id_problem
@@ -226,10 +226,8 @@ def _verdicts_follow(evaluation: Any) -> bool:
         interval = differences.get(name)
         if not isinstance(interval, dict) or None in (interval.get("low"), interval.get("high")):
             return False
-        sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
-        low, high = sorted((sign * interval["low"], sign * interval["high"]))
-        read = VERDICTS[0] if high < 0 else VERDICTS[1] if low > 0 else VERDICTS[2]
-        if said not in (read, VERDICTS[2]):
+        bounds = Interval(interval["point"], interval["low"], interval["high"], interval["confidence"], 0, 0)
+        if said not in (verdict(bounds, name not in HIGHER_IS_BETTER), VERDICTS[2]):
             return False
     return True
 
