@@ -27,7 +27,7 @@ from torch import nn
 from .base import Calibrator, check_fields, require
 
 DELTA_INITS = ("zero", "gradient", "random")
-SELECT_METRICS = ("nll", "ece", "ada_ece", "brier")
+SELECT_METRICS = ("nll", "ece", "ada_ece", "brier", "smooth_ece")
 
 
 def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reduction: str = "mean") -> torch.Tensor:
@@ -84,7 +84,8 @@ class NeuralClamping(Calibrator):
                 γ and λ, and to fall back to TS (δ = 0) when δ does not help (default 0.2;
                 0 trains on everything and keeps the last epoch).
             select_metric: held-out criterion, one of ``"nll"`` (default), ``"ece"``,
-                ``"ada_ece"``, ``"brier"``. NLL is a proper scoring rule; binned ECE is not
+                ``"ada_ece"``, ``"brier"``, ``"smooth_ece"``. Every one of them is recorded in
+                the fit history at each check, whichever selects. NLL is a proper scoring rule; binned ECE is not
                 (predicting the class frequencies scores ECE ≈ 0) and, on the ~100-row
                 hold-outs of typical calibration sets, moves by ~0.01 per sample.
             eval_every: evaluate on the held-out part every this many epochs (default None:

@@ -26,10 +26,10 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
-from ..calibrators.neural_clamping import NeuralClamping, focal_loss
+from ..calibrators.neural_clamping import SELECT_METRICS, NeuralClamping, focal_loss
 from ..calibrators.temperature import fit_inverse_temperature
 from ..data import PreparedData
-from ..metrics import calibration_report
+from ..metrics import calibration_report, smooth_calibration_error
 from .. import _distributed
 from .engine import Engine, steps_per_epoch
 
@@ -62,8 +62,16 @@ def random_crop_flip_cutout(pixels: torch.Tensor, generator: torch.Generator) ->
     return out
 
 
-def _score(logits: torch.Tensor, labels: torch.Tensor, metric: str, n_bins: int) -> float:
-    return calibration_report(logits, labels, n_bins=n_bins, from_logits=True)[metric]
+def _holdout_scores(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -> Dict[str, float]:
+    """Every selection criterion (``SELECT_METRICS``) of calibrated ``logits``, keyed ``holdout_<metric>``.
+
+    All of them are kept in the history (a few ms per check), so that a fit shows how the
+    criteria it did not select on moved too.
+    """
+    report = calibration_report(logits, labels, n_bins=n_bins, from_logits=True)
+    scores = {metric: report[metric] for metric in SELECT_METRICS if metric != "smooth_ece"}
+    scores["smooth_ece"] = smooth_calibration_error(logits, labels, from_logits=True)
+    return {f"holdout_{metric}": scores[metric] for metric in SELECT_METRICS}
 
 
 class _Snapshot:
@@ -134,7 +142,8 @@ def _fit(
     has_holdout = len(holdout_indices) > 0
     if has_holdout:
         holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, holdout_indices, description="base logits (held-out part)")
-        baseline = _score(holdout_logits * beta, holdout_labels, options.select_metric, options.n_bins)
+        baseline_scores = _holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
+        baseline = baseline_scores[f"holdout_{options.select_metric}"]
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
             all_beta, _ = fit_inverse_temperature(torch.cat([fit_logits, holdout_logits]), torch.cat([fit_labels, holdout_labels]))
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
@@ -160,9 +169,7 @@ def _fit(
                 }
                 if has_holdout and (epoch % eval_every == 0 or epoch == epochs):
                     logits, labels = engine.collect_logits(backbone, validation, holdout_indices, delta=delta.detach(), description="held-out check")
-                    record[f"holdout_{options.select_metric}"] = _score(
-                        logits * torch.exp(-log_t.detach()), labels, options.select_metric, options.n_bins
-                    )
+                    record.update(_holdout_scores(logits * torch.exp(-log_t.detach()), labels, options.n_bins))
                     best.offer(record[f"holdout_{options.select_metric}"], record, delta, log_t)
                     bar.set_postfix(loss=f"{loss:.4f}", **{options.select_metric: f"{record[f'holdout_{options.select_metric}']:.4f}"})
                 history.append(record)
@@ -182,7 +189,7 @@ def _fit(
             calibrator.delta.zero_()
             calibrator.log_temperature.copy_(fallback_log_t)
     if has_holdout:
-        summary["temperature_scaling"][f"holdout_{options.select_metric}"] = baseline
+        summary["temperature_scaling"].update(baseline_scores)
         summary["temperature_scaling"]["fallback_temperature"] = float(fallback_log_t.exp())
     summary["selected"] = best.record if use_delta else {"fallback": "temperature_scaling"}
     summary["fell_back_to_temperature_scaling"] = not use_delta
