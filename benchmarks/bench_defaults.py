@@ -34,15 +34,17 @@ TST takes ~1 min and V-TST ~2 min per fit on the CNN).
 
 Usage::
 
-    python benchmarks/bench_defaults.py --jobs 2   # 3 models × 5 seeds; writes results/defaults.md
+    python benchmarks/bench_defaults.py            # 3 models × 5 seeds, one process per model; writes results/defaults.md
     python benchmarks/bench_defaults.py --quick    # the CNN, 1 seed, short fits; prints only
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -67,7 +69,7 @@ from hf_calibrate.backbones import adapt  # noqa: E402
 from hf_calibrate.metrics import calibration_report, paired_bootstrap_intervals, smooth_calibration_error, verdict  # noqa: E402
 
 NAME = "defaults"
-MODELS = ("bbc_minilm", "digits_cnn", "digits_vit")  # longest first, so that --jobs 2 ends the lanes together
+MODELS = ("bbc_minilm", "digits_cnn", "digits_vit")  # longest first: with fewer --jobs than models it starts first
 METRICS = (("ece", "ECE"), ("smooth_ece", "smECE"), ("nll", "NLL"), ("brier", "Brier"))
 BOOTSTRAP_METRICS = ("ece", "nll")
 REPLICATES = 1000
@@ -337,7 +339,7 @@ def _run_children(models: Sequence[str], args: Any, directory: Path) -> None:
     """One subprocess per model, ``args.jobs`` at a time, each writing ``directory/<model>.json``."""
     def child(model_name: str) -> None:
         command = [sys.executable, __file__, "--models", model_name, "--repeats", str(args.repeats), "--threads", str(args.threads),
-                   "--raw", str(directory)] + (["--quick"] if args.quick else [])
+                   "--raw", str(directory), "--child"] + (["--quick"] if args.quick else [])
         subprocess.run(command, check=True)
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -357,8 +359,10 @@ def _results(models: Sequence[str], args: Any, directory: Path) -> Dict[str, Dic
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--jobs", type=int, default=1, help="models fitted at once, one process each (default 1)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="models fitted at once, one process of --threads threads each (default: the logical cores)")
     parser.add_argument("--raw", type=Path, default=None, help="keep each model's per-seed records here as <model>.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker: records only, no report
     args = _report.parse(parser, argv)
     session = _report.Session("bench_defaults.py", args)
     models = args.models.split(",") if args.models else (["digits_cnn"] if args.quick else list(MODELS))
@@ -366,8 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         directory = args.raw or Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
         results = _results(models, args, directory)
-    if args.raw is not None and args.models and len(models) == 1 and args.output is None and not args.quick:
-        return 0  # a --jobs child: the parent writes the report
+    if args.child:
+        return 0
     body = [] if len(results) < 2 else _pooled_section(results)
     for model_name in sorted(results, key=MODELS.index):
         body += _model_section(model_name, results[model_name], args.quick)

@@ -50,6 +50,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "head_cost": ("bench_head_cost.py", "speed", "head retraining: feature extraction vs per-epoch head cost"),
     "intervals": ("bench_intervals.py", "quality", "bootstrap intervals: coverage of the truth on synthetic data"),
     "evaluate_cost": ("bench_evaluate_cost.py", "speed", "what the intervals cost an evaluation: bootstrap=1000 vs 0"),
+    "defaults": ("bench_defaults.py", "quality", "evidence for the fit defaults: paired arms of Neural Clamping and the heads' temperature"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

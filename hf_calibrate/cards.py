@@ -21,6 +21,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from . import reporting
 from .calibrators import calibrator_class
+from .calibrators.neural_clamping import recorded_select_metric
 
 DIAGRAM_FILE = "reliability_diagram.png"
 #: (key in a metrics dict — also its model-index metric type —, display name) of the card's metrics
@@ -125,7 +126,7 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     summary = record["fit"].get("summary") or {}
     if record["method"] != "neural_clamping" or not summary.get("holdout_samples"):
         return None
-    metric = record["options"].get("select_metric", "ece")
+    metric = recorded_select_metric(record["options"])
     text = reporting.fallback_note(summary, metric)
     if text is None:
         chosen = summary["selected"]

@@ -41,6 +41,7 @@ from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
+from .calibrators.neural_clamping import recorded_select_metric
 from .data import PreparedData, prepare_data
 from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
 from .fitting.faults import note_nonfinite_outputs
@@ -350,7 +351,7 @@ class CalibratedModel(PreTrainedModel):
 
     def fallback_note(self) -> Optional[str]:
         """The sentence saying this Neural Clamping fit fell back to temperature scaling, or None when it did not."""
-        return reporting.fallback_note(self.fit_summary, (self.provenance.get("options") or {}).get("select_metric", "nll"))
+        return reporting.fallback_note(self.fit_summary, recorded_select_metric(self.provenance.get("options")))
 
     def fitted_on(self, data: Any) -> bool:
         """Whether ``data`` are data this calibration was fitted on: the very calibration, validation or temperature

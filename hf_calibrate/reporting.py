@@ -170,7 +170,8 @@ def completed_evaluation(evaluation: Mapping[str, Any], fit: Mapping[str, Any]) 
 
 
 def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[str]:
-    """The sentence saying a Neural Clamping fit fell back to temperature scaling (None when it did not)."""
+    """The sentence saying a Neural Clamping fit that selected on ``select_metric`` fell back to temperature
+    scaling (None when it did not)."""
     if not summary.get("fell_back_to_temperature_scaling"):
         return None
     scaling = summary.get("temperature_scaling") or {}

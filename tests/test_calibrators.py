@@ -99,6 +99,52 @@ def test_temperature_below_one_for_an_under_confident_model():
     assert 0.3 < calibrator.temperature.item() < 0.5
 
 
+SEPARABLE = "has no minimum: every one of these rows is classified correctly"
+BELOW_CHANCE = "has no minimum: the true classes' logits are on average no higher than the mean logit"
+
+
+def wide_margins(rows: int = 50, margin: float = 20.0):
+    """``rows`` 3-class logits whose true class leads the others by ``margin``: separable, far from any tie."""
+    labels = torch.arange(rows) % 3
+    return F.one_hot(labels, 3).float() * margin, labels
+
+
+@pytest.mark.parametrize("case, message, temperature", [
+    ("argmax of 4000 rows", SEPARABLE, 1e-3),
+    ("wide margins", SEPARABLE, 1e-3),  # f'(β) underflows to 0 long before the bound
+    ("one row", SEPARABLE, 1e-3),
+    ("tied top, label not argmax's pick", SEPARABLE, 1e-3),
+    ("argmin labels", BELOW_CHANCE, 1e3),
+    ("wide margins, float16", SEPARABLE, 1e-3),
+])
+def test_a_temperature_without_a_minimum_warns_and_stops_at_its_bound(case, message, temperature):
+    """Separable logits (the true class always on top, ties included) or ones below chance: the fit
+    returns the bound the NLL falls towards and warns with the cause."""
+    logits, labels = miscalibrated()
+    logits, labels = {
+        "argmax of 4000 rows": (logits, logits.argmax(1)),
+        "wide margins": wide_margins(),
+        "one row": wide_margins(rows=1, margin=2.0),
+        "tied top, label not argmax's pick": (torch.tensor([[2.0, 2.0, 0.0]]), torch.tensor([1])),
+        "argmin labels": (logits, logits.argmin(1)),
+        "wide margins, float16": (wide_margins()[0].half(), wide_margins()[1]),
+    }[case]
+    with pytest.warns(UserWarning, match=message):
+        calibrator, _ = fitted(TemperatureScaling, logits, labels)
+    assert calibrator.temperature.item() == pytest.approx(temperature, rel=1e-6)
+
+
+def test_a_temperature_with_a_minimum_does_not_warn():
+    """One misclassified row among wide margins is enough for a minimum: T is finite, and nothing is said."""
+    logits, labels = wide_margins()
+    labels[0] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted(TemperatureScaling, *miscalibrated())
+        calibrator, _ = fitted(TemperatureScaling, logits, labels)
+    assert 1e-3 < calibrator.temperature.item() < 1e3
+
+
 @pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
 def test_linear_maps_start_at_ts_and_only_improve(cls):
     logits, labels = miscalibrated()
@@ -495,3 +541,15 @@ def test_neural_clamping_starts_at_the_given_temperature_and_falls_back_to_the_t
     assert float(fallback.calibrator.temperature) == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
     assert summary["temperature_scaling"]["fallback_temperature"] == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
     assert summary["temperature_scaling"]["temperature"] != pytest.approx(summary["temperature_scaling"]["fallback_temperature"], rel=1e-4)
+
+
+def test_neural_clamping_warns_when_its_fitting_part_is_separable():
+    """Labels that are the base's own predictions: TS on the fitting part has no minimum, and NC's start says so."""
+    import _tiny_models as tm
+
+    base = tm.tiny_timm(0)
+    pixels = tm.image_data(base, 64).tensors[0]
+    with torch.no_grad():
+        predicted = base(pixels).argmax(1)
+    with pytest.warns(UserWarning, match="fitting part of the calibration data.*" + SEPARABLE):
+        tm.fit(base, torch.utils.data.TensorDataset(pixels, predicted), "neural_clamping", epochs=1, holdout_fraction=0.25)

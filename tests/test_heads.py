@@ -247,6 +247,19 @@ def test_temperature_after_the_head_on_a_separate_split(problem):
     assert fitted.calibrator.log_temperature.exp().item() == pytest.approx(temperature["temperature"], rel=1e-6)
 
 
+def test_a_temperature_on_rows_the_head_separates_warns(problem):
+    """Labels the fitted head gets all right: its temperature NLL has no minimum, and the fit says so."""
+    model = overconfident_classifier()
+    options = dict(method="tst", validation_data=problem["validation"], epochs=3, lr=3e-3, progress=False, seed=0)
+    inputs = problem["test"].tensors[0]
+    plain = CalibratedModel.fit(model, problem["train"], **options)
+    with torch.no_grad():
+        predicted = plain(inputs).argmax(1)
+    with pytest.warns(UserWarning, match="has no minimum: every one of these rows is classified correctly.*temperature=False"):
+        fitted = CalibratedModel.fit(model, problem["train"], temperature=True, temperature_data=TensorDataset(inputs, predicted), **options)
+    assert fitted.fit_summary["temperature"]["temperature"] == pytest.approx(1e-3, rel=1e-6)
+
+
 def test_features_stream_from_disk_shards(problem, tmp_path):
     model = overconfident_classifier()
     fitted = CalibratedModel.fit(model, problem["train"], method="tst", validation_data=problem["validation"], epochs=3,

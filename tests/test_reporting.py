@@ -95,3 +95,15 @@ def test_the_interval_note_claims_pairing_only_for_two_sides():
 def test_a_change_too_small_for_four_decimals_shows_its_sign():
     evaluation = {"uncalibrated": {"ece": 0.01}, "calibrated": {"ece": 0.01 - 2e-6}}
     assert reporting.change_text(evaluation, "ece") == "-2.0e-06"
+
+
+def test_the_fallback_note_names_the_criterion_the_fit_selected_on():
+    """A record without ``select_metric`` (written before it was recorded) used the default, held-out NLL."""
+    from hf_calibrate.calibrators.neural_clamping import recorded_select_metric
+
+    summary = {"fell_back_to_temperature_scaling": True, "holdout_samples": 24,
+               "temperature_scaling": {"holdout_nll": 0.5, "holdout_ece": 0.07, "fallback_temperature": 1.5}}
+    assert recorded_select_metric({}) == recorded_select_metric(None) == "nll"
+    assert "held-out nll 0.5000" in reporting.fallback_note(summary, recorded_select_metric({}))
+    assert "held-out ece 0.0700" in reporting.fallback_note(summary, recorded_select_metric({"select_metric": "ece"}))
+    assert reporting.fallback_note(dict(summary, fell_back_to_temperature_scaling=False), "nll") is None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,12 @@ def _as_grid(value: Union[float, Sequence[float]], name: str) -> Tuple[float, ..
     return tuple(float(v) for v in values)
 
 
+def recorded_select_metric(options: Optional[Mapping[str, Any]]) -> str:
+    """The held-out criterion of a fit whose recorded options are ``options``: its ``select_metric``, or
+    the default (records written before the option was recorded used it)."""
+    return (options or {}).get("select_metric", NeuralClamping.Options.select_metric)
+
+
 class NeuralClamping(Calibrator):
     """δ (one input-shaped tensor) and log T; see the module docstring."""
 
@@ -72,22 +78,28 @@ class NeuralClamping(Calibrator):
             delta_weight: λ on ‖δ‖₂, or a list to select from (default 0.01).
             delta_init: ``"zero"`` (default; starts exactly at TS), ``"gradient"`` (the paper's
                 data-driven rule: the mean over the data of ∂ Σ_k f_k(x + δ)/T / ∂δ at δ = 0) or
-                ``"random"`` (N(0, delta_init_scale²), as in the authors' demo).
+                ``"random"`` (N(0, delta_init_scale²), as in the authors' demo). On the zoo's
+                models ``"gradient"`` was no better than ``"zero"`` in paired 5-seed comparisons
+                (``benchmarks/results/defaults.md``).
             delta_init_scale: standard deviation for ``delta_init="random"`` (default 0.001).
             temperature_init: T's starting point: ``"ts"`` (default; the TS optimum of the
                 fitting part, so that δ = 0 starts exactly at TS) or a positive number (the
                 authors' code starts at 1.0). T is optimised as log T either way.
             augment: image augmentation during the fit: False (default), True (random crop
                 with 1/8 padding, horizontal flip, cutout of 1/8 side — the reference's CIFAR
-                recipe), or a callable ``(pixel_values, generator) -> pixel_values``.
+                recipe), or a callable ``(pixel_values, generator) -> pixel_values``. The recipe
+                suits natural images, not every dataset: on the digits models it fell back to TS
+                in every seed (flips change digits; ``benchmarks/results/defaults.md``).
             holdout_fraction: share of the calibration data held out to select the epoch,
                 γ and λ, and to fall back to TS (δ = 0) when δ does not help (default 0.2;
                 0 trains on everything and keeps the last epoch).
             select_metric: held-out criterion, one of ``"nll"`` (default), ``"ece"``,
                 ``"ada_ece"``, ``"brier"``, ``"smooth_ece"``. Every one of them is recorded in
-                the fit history at each check, whichever selects. NLL is a proper scoring rule; binned ECE is not
-                (predicting the class frequencies scores ECE ≈ 0) and, on the ~100-row
-                hold-outs of typical calibration sets, moves by ~0.01 per sample.
+                the fit history at each check, whichever selects. NLL is a proper scoring
+                rule; binned ECE is not (predicting the class frequencies scores ECE ≈ 0) and,
+                on the ~100-row hold-outs of typical calibration sets, moves by ~0.01 per
+                sample. Selecting on ECE or smECE was no better on test ECE and worse on test
+                NLL than NLL in paired 5-seed comparisons (``benchmarks/results/defaults.md``).
             eval_every: evaluate on the held-out part every this many epochs (default None:
                 about 20 evaluations per run, and always after the last epoch).
             n_bins: bins of the held-out ECE (default 15).

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, require
+from .._warnings import warn_user
+from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, fit_context, require
 
 # T is kept within [1e-3, 1e3]: beyond this the model is constant or a hard argmax anyway.
 BETA_BOUNDS = (1e-3, 1e3)
+#: what to change when the calibration data is separable (see :func:`warn_if_without_minimum`)
+CALIBRATION_DATA_FIX = (
+    "Calibrate on held-out data the model was not trained on, and enough of it that the model gets some rows wrong."
+)
 #: above this many rows, Newton first runs on a strided subsample of this many rows
 WARM_START_ROWS = 2048
 
@@ -94,15 +99,57 @@ def fit_inverse_temperature(
     so two passes over all the logits usually suffice; each pass costs about one
     ``torch.logsumexp`` over them (benchmarks/results/logit_fits.md).
     Logits holding NaN or ±inf are refused (:class:`~hf_calibrate.metrics.NonFiniteError`).
+    Where the NLL has no minimum (separable rows, or logits below chance: see
+    :func:`warn_if_without_minimum`) the bound it falls towards is returned, after one pass.
     """
     check_finite_logits(logits)
     low, high = BETA_BOUNDS
+    reason = _without_minimum(logits, labels)
+    if reason is not None:
+        return (high if reason == "separable" else low), 1
     step_tolerance = 1e-12 if logits.dtype == torch.float64 else 1e-6
     beta = 1.0
     if logits.shape[0] > 4 * WARM_START_ROWS:
         stride = logits.shape[0] // WARM_START_ROWS
         beta, _ = _newton(logits[::stride], labels[::stride], beta, low, high, tolerance, 1e-3, max_iter)
     return _newton(logits, labels, beta, low, high, tolerance, step_tolerance, max_iter)
+
+
+def _without_minimum(logits: torch.Tensor, labels: torch.Tensor) -> Optional[str]:
+    """Why the NLL of softmax(β·z) has no minimum over β > 0 — ``"separable"`` or ``"below chance"`` — or None.
+
+    f'(β) = mean_i (E_p[z_i] − z_{i,y_i}) is increasing (f is convex). When every row's true
+    logit is the largest (ties included), E_p[z_i] ≤ z_{i,y_i} for every β, so f' < 0 and the
+    NLL falls as T → 0. When f'(0) = mean_i (mean_k z_ik − z_{i,y_i}) ≥ 0, the true logits are on
+    average no higher than the mean logit and the minimum lies at β ≤ 0. One pass over the logits.
+    """
+    true_logits = logits.gather(1, labels[:, None]).squeeze(1)
+    if bool((true_logits >= logits.amax(dim=1)).all()):
+        return "separable"
+    if float((logits.mean(dim=1, dtype=torch.float64) - true_logits.double()).mean()) >= 0:
+        return "below chance"
+    return None
+
+
+def warn_if_without_minimum(logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> None:
+    """Warn when the temperature of ``logits`` over ``data`` (rows named for the message) has no minimum.
+
+    :func:`fit_inverse_temperature` then returns a bound of :data:`BETA_BOUNDS`, which says
+    nothing about calibration; ``fix`` says what the user can change for separable data.
+    """
+    reason = _without_minimum(logits, labels)
+    if reason == "separable":
+        warn_user(
+            f"the temperature fitted on {data} has no minimum: every one of these rows is classified correctly, so the "
+            f"NLL keeps falling as T → 0 and the fit stops at its bound T = {1 / BETA_BOUNDS[1]:g}, a hard argmax with "
+            f"confidence ≈ 1. {fix}"
+        )
+    elif reason == "below chance":
+        warn_user(
+            f"the temperature fitted on {data} has no minimum: the true classes' logits are on average no higher than "
+            f"the mean logit, so the fit stops at its bound T = {1 / BETA_BOUNDS[0]:g} (nearly uniform probabilities). "
+            "Check that the labels use the model's class indices (its id2label order)."
+        )
 
 
 class TemperatureScaling(Calibrator):
@@ -147,6 +194,8 @@ class TemperatureScaling(Calibrator):
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
+        if fit_context().announce:
+            warn_if_without_minimum(logits, labels, "the calibration data", CALIBRATION_DATA_FIX)
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
         return {"temperature": 1.0 / beta, "iterations": iterations}

@@ -22,7 +22,7 @@ from .. import _distributed
 from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
-from ..calibrators.temperature import fit_inverse_temperature
+from ..calibrators.temperature import fit_inverse_temperature, warn_if_without_minimum
 from ..data import PreparedData
 from ..metrics import calibration_report
 from .engine import Engine
@@ -278,10 +278,13 @@ def _fit_temperature(
         features, labels = (t.to(engine.device) for t in store.tensors())
         source = data.description
     else:
-        (features, labels), source = validation, "validation data"
+        (features, labels), source = validation, "the validation data"
     with torch.no_grad():
         logits = calibrator.head_module(features)
     beta, _ = fit_inverse_temperature(logits, labels)
+    if engine.is_main:
+        warn_if_without_minimum(logits, labels, f"the new head's logits over {source}",
+                                "The head separates these rows: pass more (or other) temperature_data, or fit with temperature=False.")
     with torch.no_grad():
         calibrator.log_temperature.fill_(-math.log(beta))
     return {"temperature": 1.0 / beta, "fitted_on": source}

@@ -27,7 +27,7 @@ import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
 from ..calibrators.neural_clamping import SELECT_METRICS, NeuralClamping, focal_loss
-from ..calibrators.temperature import fit_inverse_temperature
+from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, warn_if_without_minimum
 from ..data import PreparedData
 from ..metrics import calibration_report, smooth_calibration_error
 from .. import _distributed
@@ -137,6 +137,9 @@ def _fit(
         fit_indices, holdout_indices = torch.arange(len(data)), torch.arange(len(validation))
     fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
+    if engine.is_main:
+        warn_if_without_minimum(fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
+                                CALIBRATION_DATA_FIX)
     fallback_log_t = torch.tensor(-math.log(beta), device=device)
     start_log_t = _start_log_temperature(options, fallback_log_t)
     has_holdout = len(holdout_indices) > 0
