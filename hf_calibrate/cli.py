@@ -981,11 +981,14 @@ def _one_line(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _library_progress_bars(enabled: bool) -> Iterator[None]:
-    """Switch the progress bars of datasets and transformers off for ``--no-progress`` (restored after)."""
+    """Switch the progress bars of datasets and transformers off for ``--no-progress``, and off a terminal,
+    where each redraw would be a line of the log (restored after)."""
     import datasets
     from transformers.utils import logging as hf_logging
 
-    if enabled:
+    from ._progress import redraws
+
+    if enabled and redraws():
         yield
         return
     bars = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled())

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from .._progress import progress_bar
 
 from ..metrics import accuracy, expected_calibration_error, negative_log_likelihood
 from .data import load_bbc_news, load_digits, require, stratified_subset
@@ -169,7 +169,7 @@ def fit_classifier(
     order_rng = torch.Generator().manual_seed(hparams["seed"])
     losses: list[float] = []
     module.train()
-    bar = tqdm(range(hparams["epochs"]), desc=desc, unit="epoch", disable=not progress)
+    bar = progress_bar(range(hparams["epochs"]), desc=desc, unit="epoch", enabled=progress)
     for _ in bar:
         order = torch.randperm(len(labels), generator=order_rng)[: steps_per_epoch * batch_size]
         total = 0.0
@@ -423,7 +423,7 @@ def _cls_features(model: nn.Module, tokenizer: Any, texts: list[str], max_length
     """[CLS] hidden states (N, H) of the frozen encoder on ``texts`` truncated to ``max_length`` tokens."""
     model.eval()
     chunks = []
-    for start in tqdm(range(0, len(texts), FEATURE_BATCH), desc="MiniLM features", unit="batch", disable=not progress):
+    for start in progress_bar(range(0, len(texts), FEATURE_BATCH), desc="MiniLM features", unit="batch", enabled=progress):
         batch = texts[start : start + FEATURE_BATCH]
         encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
         chunks.append(model.bert(**encoded).last_hidden_state[:, 0])

@@ -20,9 +20,9 @@ import math
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import _distributed
+from .._progress import progress_bar
 from ..backbones import Backbone, Inputs
 from ..calibrators.base import check_fields, require
 from ..data import PreparedData
@@ -44,7 +44,8 @@ class EngineOptions:
             per-process share of a batch); gradients are accumulated over micro-batches, so
             this trades memory for nothing but speed.
         seed: seeds the data split, the shuffling and any augmentation (default 0).
-        progress: show tqdm progress bars on the main process (default True).
+        progress: show progress bars on the main process (default True): redrawn in a terminal,
+            one line per stage in a log (``hf_calibrate._progress``).
         mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"`` autocast for the base model's
             forward pass (default None: the Accelerate setting, e.g. from
             ``accelerate launch --mixed_precision``). Calibration parameters stay float32.
@@ -118,8 +119,9 @@ class Engine:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
-    def progress(self, total: int, description: str) -> tqdm:
-        return tqdm(total=total, desc=description, disable=not (self.options.progress and self.is_main), leave=False)
+    def progress(self, total: int, description: str) -> Any:
+        """A bar on the main process when ``progress`` is on: redrawn in a terminal, one line per stage in a log."""
+        return progress_bar(total=total, desc=description, enabled=self.options.progress and self.is_main, leave=False)
 
     def generator(self, *salt: int) -> torch.Generator:
         """A CPU generator seeded by the fit seed and ``salt`` (e.g. epoch, rank)."""
