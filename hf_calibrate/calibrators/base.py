@@ -45,8 +45,9 @@ class FitContext:
     """How a logit fit reports on itself; the fitting engine passes one to :meth:`Calibrator.fit_logits`.
 
     Attributes:
-        progress: ``(total, description) -> tqdm`` for a progress bar (the engine's shows on
-            the main process only); the default shows none.
+        progress: ``(total, description) -> bar`` for a progress bar with ``update`` and
+            ``set_postfix`` (the engine's: tqdm's in a terminal, a line per stage in a log, on the
+            main process only; ``hf_calibrate._progress``); the default shows none.
         interruptible: whether Ctrl-C (KeyboardInterrupt) during a long iterative fit stops it
             early and keeps the best state so far (the engine allows it in one process only:
             processes interrupted at different iterations would disagree). Default False.
@@ -54,7 +55,7 @@ class FitContext:
             warning; the engine: on the main process only). Default True.
     """
 
-    progress: Callable[[int, str], tqdm] = _no_progress
+    progress: Callable[[int, str], Any] = _no_progress
     interruptible: bool = False
     announce: bool = True
 
