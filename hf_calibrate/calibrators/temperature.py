@@ -121,22 +121,31 @@ def _without_minimum(logits: torch.Tensor, labels: torch.Tensor) -> Optional[str
     f'(β) = mean_i (E_p[z_i] − z_{i,y_i}) is increasing (f is convex). When every row's true
     logit is the largest (ties included), E_p[z_i] ≤ z_{i,y_i} for every β, so f' < 0 and the
     NLL falls as T → 0. When f'(0) = mean_i (mean_k z_ik − z_{i,y_i}) ≥ 0, the true logits are on
-    average no higher than the mean logit and the minimum lies at β ≤ 0. One pass over the logits.
+    average no higher than the mean logit and the minimum lies at β ≤ 0. One chunked pass, at
+    the logits' precision with a float64 sum: ~0.13 of a Newton pass (50,000 × 1,000 on a CPU).
     """
     true_logits = logits.gather(1, labels[:, None]).squeeze(1)
-    if bool((true_logits >= logits.amax(dim=1)).all()):
+    rows = chunk_rows(logits)
+    separable = True
+    slope_at_zero = torch.zeros((), dtype=torch.float64, device=logits.device)
+    for start in range(0, logits.shape[0], rows):
+        z, true_z = logits[start : start + rows], true_logits[start : start + rows]
+        separable = separable and bool((true_z >= z.amax(dim=1)).all())
+        slope_at_zero += (z.mean(dim=1) - true_z).sum(dtype=torch.float64)
+    if separable:
         return "separable"
-    if float((logits.mean(dim=1, dtype=torch.float64) - true_logits.double()).mean()) >= 0:
-        return "below chance"
-    return None
+    return "below chance" if float(slope_at_zero) >= 0 else None
 
 
-def warn_if_without_minimum(logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> None:
-    """Warn when the temperature of ``logits`` over ``data`` (rows named for the message) has no minimum.
+def warn_if_without_minimum(beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> None:
+    """Warn when ``beta``, fitted by :func:`fit_inverse_temperature` on ``logits`` over ``data`` (rows named
+    for the message), is a bound because the NLL has no minimum; ``fix`` says what to change for separable data.
 
-    :func:`fit_inverse_temperature` then returns a bound of :data:`BETA_BOUNDS`, which says
-    nothing about calibration; ``fix`` says what the user can change for separable data.
+    The fit returns exactly a bound of :data:`BETA_BOUNDS` then (Newton's iterates stay strictly
+    inside them), so other fits cost nothing here.
     """
+    if beta not in BETA_BOUNDS:
+        return
     reason = _without_minimum(logits, labels)
     if reason == "separable":
         warn_user(
@@ -195,7 +204,7 @@ class TemperatureScaling(Calibrator):
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
         if fit_context().announce:
-            warn_if_without_minimum(logits, labels, "the calibration data", CALIBRATION_DATA_FIX)
+            warn_if_without_minimum(beta, logits, labels, "the calibration data", CALIBRATION_DATA_FIX)
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
         return {"temperature": 1.0 / beta, "iterations": iterations}

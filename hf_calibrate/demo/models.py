@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from .._progress import progress_bar
 
+from .._progress import progress_bar
 from ..metrics import accuracy, expected_calibration_error, negative_log_likelihood
 from .data import load_bbc_news, load_digits, require, stratified_subset
 

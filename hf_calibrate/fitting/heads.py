@@ -283,7 +283,7 @@ def _fit_temperature(
         logits = calibrator.head_module(features)
     beta, _ = fit_inverse_temperature(logits, labels)
     if engine.is_main:
-        warn_if_without_minimum(logits, labels, f"the new head's logits over {source}",
+        warn_if_without_minimum(beta, logits, labels, f"the new head's logits over {source}",
                                 "The head separates these rows: pass more (or other) temperature_data, or fit with temperature=False.")
     with torch.no_grad():
         calibrator.log_temperature.fill_(-math.log(beta))

@@ -138,7 +138,7 @@ def _fit(
     fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
     if engine.is_main:
-        warn_if_without_minimum(fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
+        warn_if_without_minimum(beta, fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
                                 CALIBRATION_DATA_FIX)
     fallback_log_t = torch.tensor(-math.log(beta), device=device)
     start_log_t = _start_log_temperature(options, fallback_log_t)
