@@ -61,7 +61,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
 from bench_quality import (  # noqa: E402
-    HEAD_METHODS, _batches, _data_options, _mean_std, _nc_schedule, _paired_interval, _Sets, _stratified_halves, _zoo,
+    HEAD_METHODS, _data_options, _mean_std, _nc_logits, _nc_schedule, _paired_interval, _Sets, _stratified_halves, _zoo,
 )
 
 from hf_calibrate import CalibratedModel  # noqa: E402
@@ -100,16 +100,6 @@ def _scores(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     return scores
 
 
-def _nc_test_logits(calibrated: CalibratedModel, sets: _Sets, rows: np.ndarray) -> torch.Tensor:
-    """The calibrated model's logits on the clean ``rows`` (δ on the input), in row order."""
-    logits = []
-    for inputs, _ in _batches(sets.demo, calibrated.backbone, sets.pool.select(rows)):
-        with torch.no_grad():
-            output = calibrated(**inputs)
-        logits.append(getattr(output, "logits", output).float())
-    return torch.cat(logits)
-
-
 class _Seed:
     """One reshuffle: the calibration / test halves, and the test logits and facts of every arm."""
 
@@ -124,6 +114,10 @@ class _Seed:
         """(calibration inputs, test inputs) of the cached base outputs: ``kind`` 0 features, 1 logits."""
         values = self.sets.outputs["clean"][kind]
         return values[torch.as_tensor(self.calibration)], values[torch.as_tensor(self.test)]
+
+    def test_logits(self, calibrated: CalibratedModel) -> torch.Tensor:
+        """A Neural Clamping fit's logits on the clean test half (δ on the input), in row order."""
+        return _nc_logits(calibrated, self.sets.demo, self.sets.pool.select(self.test))[0]
 
     def record(self) -> Record:
         """JSON-able: arm → test scores; arm → facts; arm → per-seed paired bootstrap of arm − TS."""
@@ -165,11 +159,12 @@ def _head_arms(run: _Seed, quick: bool) -> None:
             run.logits[method] = calibrated(test_features)
 
 
-def _fit_nc(run: _Seed, schedule: Dict[str, Any], **options: Any) -> Tuple[CalibratedModel, Dict[str, Any]]:
+def _fit_nc(run: _Seed, schedule: Dict[str, Any], rows: Optional[np.ndarray] = None, **options: Any) -> Tuple[CalibratedModel, Dict[str, Any]]:
+    """Neural Clamping on ``rows`` of the pool (default: the calibration half); returns the model and its facts."""
     sets = run.sets
     started = time.perf_counter()
-    calibrated = CalibratedModel.fit(sets.demo.model, sets.pool.select(run.calibration), method="neural_clamping", progress=False, seed=run.seed,
-                                     **{**schedule, **options}, **_data_options(sets.demo))
+    calibrated = CalibratedModel.fit(sets.demo.model, sets.pool.select(run.calibration if rows is None else rows), method="neural_clamping",
+                                     progress=False, seed=run.seed, **{**schedule, **options}, **_data_options(sets.demo))
     summary = calibrated.fit_summary
     facts = {"seconds": time.perf_counter() - started, "fell_back": bool(summary["fell_back_to_temperature_scaling"]),
              "epoch": None if summary["fell_back_to_temperature_scaling"] else summary["selected"]["epoch"]}
@@ -185,7 +180,7 @@ def _pick(summary: Dict[str, Any], metric: str) -> Optional[int]:
 
 def _nc_arms(run: _Seed, schedule: Dict[str, Any], image: bool) -> None:
     default, facts = _fit_nc(run, schedule)
-    run.logits[DEFAULT_NC], run.facts[DEFAULT_NC] = _nc_test_logits(default, run.sets, run.test), facts
+    run.logits[DEFAULT_NC], run.facts[DEFAULT_NC] = run.test_logits(default), facts
     for label, metric in DERIVED_NC.items():
         epoch = _pick(default.fit_summary, metric)
         if epoch is None:
@@ -194,13 +189,13 @@ def _nc_arms(run: _Seed, schedule: Dict[str, Any], image: bool) -> None:
             run.logits[label], run.facts[label] = run.logits[DEFAULT_NC], {"fell_back": False, "epoch": epoch, "source": "default arm"}
         else:
             refit, refit_facts = _fit_nc(run, dict(schedule, epochs=epoch), select_metric=metric)
-            run.logits[label] = _nc_test_logits(refit, run.sets, run.test)
+            run.logits[label] = run.test_logits(refit)
             run.facts[label] = dict(refit_facts, source="refit", refit_selected_pick=refit_facts["epoch"] == epoch)
     for label, options in FITTED_NC.items():
         if options.get("augment") and not image:
             continue
         calibrated, run.facts[label] = _fit_nc(run, schedule, **options)
-        run.logits[label] = _nc_test_logits(calibrated, run.sets, run.test)
+        run.logits[label] = run.test_logits(calibrated)
 
 
 def _kfold_arm(run: _Seed, schedule: Dict[str, Any]) -> None:
@@ -210,15 +205,15 @@ def _kfold_arm(run: _Seed, schedule: Dict[str, Any]) -> None:
     labels = sets.labels[torch.as_tensor(run.calibration)].numpy()
     curves, baselines = [], []
     for fit_part, fold in StratifiedKFold(KFOLD, shuffle=True, random_state=run.seed).split(run.calibration, labels):
-        summary = CalibratedModel.fit(sets.demo.model, sets.pool.select(run.calibration[fit_part]), validation_data=sets.pool.select(run.calibration[fold]),
-                                      method="neural_clamping", progress=False, seed=run.seed, **schedule, **_data_options(sets.demo)).fit_summary
+        fitted, _ = _fit_nc(run, schedule, rows=run.calibration[fit_part], validation_data=sets.pool.select(run.calibration[fold]))
+        summary = fitted.fit_summary
         curves.append({record["epoch"]: record["holdout_nll"] for record in summary["history"] if "holdout_nll" in record})
         baselines.append(summary["temperature_scaling"]["holdout_nll"])
     mean_curve = {epoch: statistics.fmean(curve[epoch] for curve in curves) for epoch in sorted(curves[0])}
     epoch = min(mean_curve, key=mean_curve.get)  # the earliest among equal means: the keys are sorted
     if mean_curve[epoch] < statistics.fmean(baselines):
         refit, _ = _fit_nc(run, dict(schedule, epochs=epoch), holdout_fraction=0.0)
-        run.logits[KFOLD_NC] = _nc_test_logits(refit, sets, run.test)
+        run.logits[KFOLD_NC] = run.test_logits(refit)
     else:
         run.logits[KFOLD_NC], epoch = run.logits["temperature"], None
     run.facts[KFOLD_NC] = {"seconds": time.perf_counter() - started, "fell_back": epoch is None, "epoch": epoch, "source": "k-fold"}

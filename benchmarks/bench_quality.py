@@ -146,18 +146,20 @@ def _evaluate_cached(calibrated: CalibratedModel, sets: _Sets, rows: np.ndarray,
     return results
 
 
+def _nc_logits(calibrated: CalibratedModel, demo: Any, dataset: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One pass of the calibrated model (δ on the input) over ``dataset``: its logits (N, C) and labels (N,), in row order."""
+    logits, labels = [], []
+    for inputs, batch_labels in _batches(demo, calibrated.backbone, dataset):
+        with torch.no_grad():
+            output = calibrated(**inputs)
+        logits.append(getattr(output, "logits", output).float())
+        labels.append(batch_labels)
+    return torch.cat(logits), torch.cat(labels)
+
+
 def _evaluate_nc(calibrated: CalibratedModel, sets: _Sets, rows: np.ndarray) -> Dict[str, Dict[str, float]]:
-    """Neural Clamping's metrics on every set: one pass of the calibrated model (δ on the input) each."""
-    results = {}
-    for name in sets.names:
-        logits, labels = [], []
-        for inputs, batch_labels in _batches(sets.demo, calibrated.backbone, sets.datasets[name].select(rows)):
-            with torch.no_grad():
-                output = calibrated(**inputs)
-            logits.append(getattr(output, "logits", output).float())
-            labels.append(batch_labels)
-        results[name] = _report_of(torch.cat(logits), torch.cat(labels))
-    return results
+    """Neural Clamping's metrics on every set: one pass of the calibrated model each."""
+    return {name: _report_of(*_nc_logits(calibrated, sets.demo, sets.datasets[name].select(rows))) for name in sets.names}
 
 
 def run_seed(sets: _Sets, seed: int, nc_options: Dict[str, Any], quick: bool) -> Tuple[Dict[str, Dict[str, Dict[str, float]]], Dict[str, Any]]:
