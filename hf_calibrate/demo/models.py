@@ -40,7 +40,10 @@ from ..metrics import accuracy, expected_calibration_error, negative_log_likelih
 from .data import load_bbc_news, load_digits, require, stratified_subset
 
 #: Bump when a change to the training or saving code changes what is cached.
-TRAINING_CODE_VERSION = 3  # 3: the recipe records the machine provenance
+TRAINING_CODE_VERSION = 4  # 3: the recipe records the machine provenance; 4: one training thread
+#: torch threads the zoo trains on, whatever the caller set: reductions are split by thread
+#: count, so a fixed count keeps a retrained model's bits independent of the caller's setting.
+TRAINING_THREADS = 1
 RECIPE_FILE = "demo_recipe.json"
 CACHE_ENV = "HF_CALIBRATE_CACHE"
 FEATURE_BATCH = 32  # texts per encoder forward pass
@@ -114,7 +117,8 @@ def _atomic_folder(target: Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _seeded(seed: int) -> Iterator[None]:
-    """Seed torch and use deterministic algorithms inside the block; restore all of it afterwards.
+    """Seed torch, use deterministic algorithms and :data:`TRAINING_THREADS` torch threads
+    inside the block; restore all of it afterwards.
 
     Filling uninitialised memory (a debugging aid that comes with deterministic mode) is
     switched off: it adds a fill to every allocation (measured ~15 % of CPU training time)
@@ -122,13 +126,16 @@ def _seeded(seed: int) -> Iterator[None]:
     """
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_filling = torch.utils.deterministic.fill_uninitialized_memory
+    was_threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         torch.use_deterministic_algorithms(True)
         torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.set_num_threads(TRAINING_THREADS)
         try:
             yield
         finally:
+            torch.set_num_threads(was_threads)
             torch.utils.deterministic.fill_uninitialized_memory = was_filling
             torch.use_deterministic_algorithms(was_deterministic)
 
@@ -547,16 +554,15 @@ _LOADERS = {"timm": _load_timm, "transformers": _load_transformers}
 
 
 def machine_provenance() -> dict[str, Any]:
-    """What, besides the recipe, decides the bits of a trained model: versions, threads, CPU kernels.
+    """What, besides the recipe, decides the bits of a trained model: versions and CPU kernels.
 
-    Training is deterministic on one machine (fixed seed, deterministic algorithms), but
-    float32 kernels are chosen by CPU capability (e.g. AVX2 vs AVX-512) and reductions are split
-    by thread count, so a cache trained elsewhere can differ in its last bits (and a model
-    fitted on it in more: see ``docs/determinism.md``).
+    Training is deterministic on one machine (fixed seed, deterministic algorithms, a fixed
+    thread count), but float32 kernels are chosen by CPU capability (e.g. AVX2 vs AVX-512), so
+    a cache trained elsewhere can differ in its last bits (and a model fitted on it in more:
+    see ``docs/determinism.md``).
     """
     return {
         **_versions(),
-        "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
     }
@@ -609,7 +615,7 @@ def _train_and_save(entry: _Entry, dataset: datasets.DatasetDict, folder: Path, 
         "test": metrics,
         "train_seconds": round(time.perf_counter() - start, 2),
         "train_cpu_seconds": round(time.process_time() - start_cpu, 2),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": TRAINING_THREADS,
         "versions": _versions(),
         "provenance": machine_provenance(),
         "cache_key": folder.name.rsplit("-", 1)[-1],
