@@ -6,8 +6,8 @@ train a small head for many epochs on the cached rows. This benchmark times, on 
 interleaved rounds:
 
 * one backbone forward pass over the training rows (``model(x)`` in batches, ``no_grad``): the unit;
-* the one-off feature extraction the fits run (``hf_calibrate.fitting.collect_features`` over the
-  training and validation rows, exactly as ``fit_head`` calls it);
+* the one-off feature extraction the fits run (``hf_calibrate.fitting.collect_features``: one pass over
+  the training and validation rows, exactly as ``fit_head`` calls it);
 * a full ``CalibratedModel.fit(..., method=m)`` for each head method (default options, 40 epochs),
 
 and reports each method's per-epoch head cost (median of ``fit_summary["history"][i]["seconds"]``:
@@ -72,8 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def extraction() -> Measured:
         started = time.perf_counter()
-        collect_features(backbone, prepared, train_indices, engine, directory=None, description="features (train)")
-        collect_features(backbone, prepared, validation_indices, engine, directory=None, description="features (validation)")
+        collect_features(backbone, prepared, engine, description="features")
         return Measured([time.perf_counter() - started])
 
     history: Dict[str, List[float]] = {method: [] for method in METHODS}
@@ -139,8 +138,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "*per epoch incl. validation* = (whole fit − one extraction) / epochs: it adds the validation NLL/ECE "
         "each epoch, the best-state copy and the fit's fixed costs.",
         f"- The forward pass is `model(x)` under `no_grad` over the {train_rows:,} training images in batches of "
-        f"{batch}; the extraction is `hf_calibrate.fitting.collect_features` (the same call `fit_head` makes) over "
-        "the training and the validation rows, with `batch_size` "
+        f"{batch}; the extraction is `hf_calibrate.fitting.collect_features` (the same call `fit_head` makes): one pass "
+        "over the training and the validation rows, with `batch_size` "
         f"{batch}: a forward pass with a hook capturing the classifier's input, plus the engine's batching and "
         "collation from a `TensorDataset`.",
         "- Options are the defaults (TST/V-TST: latent 128, Adam 1e-4; V-TST: 10 samples; MaC-Cal: 10 masks) "

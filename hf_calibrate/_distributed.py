@@ -39,20 +39,36 @@ def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return tensor
 
 
+#: trailing dimensions a tensor gathered by :func:`all_gather_parts` may have
+MAX_TRAILING_DIMS = 4
+
+
 def all_gather_parts(values: torch.Tensor) -> List[torch.Tensor]:
-    """Every process's ``values`` (first dimensions may differ), as a list in rank order."""
+    """Every process's ``values`` (first dimensions may differ), as a list in rank order.
+
+    A process with no rows (first dimension 0) may hold them in any shape: it takes the
+    trailing shape of the processes that have rows (e.g. an empty ``torch.empty(0)`` beside
+    (n, C) logits elsewhere).
+    """
     world = world_size()
     if world == 1:
         return [values]
-    length = torch.tensor([values.shape[0]], device=values.device)
-    lengths = [torch.zeros_like(length) for _ in range(world)]
-    dist.all_gather(lengths, length)
-    longest = max(int(n) for n in lengths)
-    padded = values.new_zeros((longest, *values.shape[1:]))
-    padded[: values.shape[0]] = values
+    trailing = list(values.shape[1:])
+    if len(trailing) > MAX_TRAILING_DIMS:
+        raise ValueError(f"all_gather_parts takes at most {MAX_TRAILING_DIMS} trailing dimensions, got {len(trailing)}.")
+    header = torch.tensor([values.shape[0], len(trailing), *trailing, *[0] * (MAX_TRAILING_DIMS - len(trailing))], device=values.device)
+    headers = [torch.zeros_like(header) for _ in range(world)]
+    dist.all_gather(headers, header)
+    lengths = [int(h[0]) for h in headers]
+    shapes = {tuple(int(d) for d in h[2 : 2 + int(h[1])]) for h in headers if int(h[0]) > 0}
+    if len(shapes) > 1:
+        raise RuntimeError(f"processes hold rows of different shapes {sorted(shapes)}; they cannot be gathered.")
+    shape = shapes.pop() if shapes else tuple(trailing)
+    padded = values.new_zeros((max(lengths), *shape))
+    padded[: values.shape[0]] = values.reshape(values.shape[0], *shape)
     gathered = [torch.zeros_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
-    return [part[: int(n)] for part, n in zip(gathered, lengths)]
+    return [part[:n] for part, n in zip(gathered, lengths)]
 
 
 def all_gather_variable(values: torch.Tensor) -> torch.Tensor:

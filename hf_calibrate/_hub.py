@@ -144,7 +144,9 @@ def push_evaluation_results(
 
     Args:
         repo_id: a hub repo holding a calibration (its README.md is read and rewritten).
-        evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split).
+        evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split), or the ``evaluate``
+            evaluator's results of the base's and the calibrated model's pipelines, converted by
+            :func:`hf_calibrate.evaluator.as_evaluation`.
         token, revision: as for any hub call; ``revision`` is the branch read and written.
         commit_message: default "Update evaluation results (hf_calibrate)".
 
@@ -155,7 +157,10 @@ def push_evaluation_results(
     being overwritten. Returns the ``CommitInfo``.
     """
     if not evaluation or "calibrated" not in evaluation or "uncalibrated" not in evaluation:
-        raise ValueError("evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated').")
+        raise ValueError(
+            "evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated'), or evaluator "
+            "results converted by hf_calibrate.evaluator.as_evaluation(...)."
+        )
     api = HfApi(token=token)
     try:
         head = api.model_info(repo_id, revision=revision).sha

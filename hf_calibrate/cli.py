@@ -715,10 +715,8 @@ def evaluate_plain_model(
     model.to(engine.device).eval()
     prepared = prepare_data(data, backbone, **engine.options.data_options())
     metrics = accumulators(backbone.num_classes, n_bins, bootstrap, engine.options.seed)[0]
-    indices, seen = torch.arange(len(prepared)), 0
-    for logits, labels in engine.stream(prepared, indices, backbone.logits, num_classes=backbone.num_classes, description="evaluating"):
-        metrics.update(logits, labels, sample_index=torch.arange(seen, seen + len(labels)), from_logits=True)
-        seen += len(labels)
+    logits, labels = engine.scan(prepared, backbone.logits, num_classes=backbone.num_classes, description="evaluating")
+    metrics.update(logits, labels, sample_index=torch.arange(len(labels)), from_logits=True)
     result = {"uncalibrated": summarize_one(metrics, sync=False),
               "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
               "dataset": dataset_name, "split": split, "n_bins": n_bins}

@@ -36,15 +36,14 @@ from transformers import (
     PreTrainedModel,
 )
 
-from . import _hub, cards, evaluation, reporting, serialization
+from . import _hub, cards, evaluation, reporting, scoring, serialization
 from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .backbones.preprocessing import contract_preprocessor, evaluation_options, fallback_contract
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from .calibrators.neural_clamping import recorded_select_metric
-from .data import PreparedData, prepare_data
+from .data import prepare_data
 from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
-from .fitting.faults import note_nonfinite_outputs
 from .fitting.kept_logits import KeptLogits
 from .metrics import CalibrationMetrics, ReliabilityBins
 from .metrics._checks import check_n_bins
@@ -433,61 +432,8 @@ class CalibratedModel(PreTrainedModel):
         engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
         prepared = prepare_data(data, self.backbone, **engine.options.data_options())
         self.to(engine.device)
-        return self._score(engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
-
-    def _score(
-        self, engine: Engine, prepared: PreparedData, bins_and_replicates: Tuple[int, int],
-        kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
-    ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
-        """(uncalibrated, calibrated) accumulators over ``prepared``, each process adding its shard's micro-batches,
-        with (n_bins, bootstrap replicates) ``bins_and_replicates``; a sample's bootstrap weights are keyed on its
-        dataset index and the engine's seed, so they are the same on any number of processes.
-
-        ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
-        pass; a logit-space calibration then loads no input at all.
-        """
-        num_classes = self.calibrator.num_classes
-        uncalibrated, calibrated = evaluation.accumulators(num_classes, *bins_and_replicates, seed=engine.options.seed)
-        logit_space = self.calibrator.input_perturbation is None and self.calibrator.head is None
-        if kept is not None:
-            if len(kept[0]) != len(prepared):
-                raise RuntimeError(
-                    f"the kept base logits are of {len(kept[0])} samples but the evaluation data are {prepared.description}: "
-                    "they are not of these data. Evaluate with CalibratedModel.evaluate (which runs the base model)."
-                )
-            kept = (kept[0].to(engine.device), kept[1].to(engine.device))
-        batches = engine.global_batches(torch.arange(len(prepared)), shuffle=False)
-        stream = _kept_batches(engine, batches, kept[1]) if kept is not None and logit_space else engine.batches(prepared, batches)
-        with engine.progress(len(batches), "evaluating") as bar:
-            for number, micro_batches in stream:
-                for micro, inputs, labels in micro_batches:
-                    base_logits, calibrated_logits = self._logit_pair(engine, inputs, micro, kept, logit_space)
-                    bad = engine.note_label_faults(labels, num_classes)
-                    bad |= note_nonfinite_outputs(engine.faults, prepared, base_logits, micro, number, "logits")
-                    bad |= note_nonfinite_outputs(engine.faults, prepared, calibrated_logits, micro, number, "calibrated logits")
-                    if not bad:
-                        uncalibrated.update(base_logits, labels, sample_index=micro, from_logits=True)
-                        calibrated.update(calibrated_logits, labels, sample_index=micro, from_logits=True)
-                engine.sync_faults()
-                bar.update(1)
-        return uncalibrated, calibrated
-
-    def _logit_pair(
-        self, engine: Engine, inputs: Optional[Dict[str, Any]], micro: List[int], kept: Optional[Tuple[torch.Tensor, torch.Tensor]],
-        logit_space: bool,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(base, calibrated) float32 logits (n, C) of one micro-batch (dataset indices ``micro``); the base's are
-        taken from ``kept`` when given, else computed from ``inputs``."""
-        with engine.autocast():
-            if kept is not None:
-                base_logits = kept[0][torch.as_tensor(micro, device=kept[0].device)]
-            else:
-                base_logits = self.backbone.logits(inputs).float()
-            if logit_space:
-                calibrated_logits = self.calibrator(base_logits).float()
-            else:
-                calibrated_logits = self._calibrated_forward(inputs)[0].float()
-        return base_logits, calibrated_logits
+        scorer = scoring.Scorer(self.backbone, self.calibrator, lambda inputs: self._calibrated_forward(inputs)[0])
+        return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
 
     # -------------------------------------------------- saving, loading, pushing
     def calibration_record(
@@ -758,7 +704,7 @@ def fit_and_evaluate(
 
 
 #: engine options that change no base logit: a fit and an evaluation may differ in them and share the base's pass
-_PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed")
+_PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed", "cache_bytes")
 
 
 def _same_base_pass(fit_options: Dict[str, Any], evaluation_options: Dict[str, Any]) -> bool:
@@ -773,16 +719,6 @@ def _same_base_pass(fit_options: Dict[str, Any], evaluation_options: Dict[str, A
         if evaluated is not fitted and evaluated != fitted:
             return False
     return True
-
-
-def _kept_batches(
-    engine: Engine, batches: Sequence[torch.Tensor], labels: torch.Tensor
-) -> Iterator[Tuple[int, Iterator[Tuple[List[int], None, torch.Tensor]]]]:
-    """:meth:`Engine.batches`' plan over ``batches`` without loading any input: (global batch number, its local
-    micro-batches as (dataset indices, None, their labels from ``labels`` (N,)))."""
-    for number, batch in enumerate(batches):
-        micro_batches = engine.local_micro_batches(batch)
-        yield number, iter([(micro, None, labels[torch.as_tensor(micro, device=labels.device)]) for micro in micro_batches])
 
 
 def register_auto_classes() -> None:

@@ -71,6 +71,34 @@ def bbc_minilm():
     return build(progress=False)
 
 
+@pytest.fixture(scope="session")
+def hf_home(tmp_path_factory):
+    """An empty, writable HF_HOME with the hub unreachable, for the whole session, for tests that load the
+    ``evaluate`` modules of ``evaluate_metrics/`` (``evaluate.load`` copies each into its modules cache).
+
+    ``evaluate`` reads its cache paths at import time, so its config is patched as well as
+    the environment. Session scope, shared by every test module that loads them, because the
+    dynamic-module package ``evaluate_modules`` is imported once per process from the first cache
+    directory put on ``sys.path``.
+    """
+    import sys
+
+    import evaluate.config
+
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, value in {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}.items():
+            patch.setenv(variable, value)
+        patch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
+        patch.setattr(evaluate.config, "HF_EVALUATE_CACHE", home / "evaluate")
+        patch.setattr(evaluate.config, "HF_METRICS_CACHE", home / "metrics")
+        patch.setattr(evaluate.config, "HF_MODULES_CACHE", home / "modules")
+        patch.setattr(sys, "path", list(sys.path))  # evaluate appends its modules cache
+        yield home
+        for module_name in [name for name in sys.modules if name.startswith("evaluate_modules")]:
+            del sys.modules[module_name]
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """One torch thread for a module of small tensors: intra-op threads gain nothing there, and on a busy

@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import evaluate
-import evaluate.config
 import numpy as np
 import pytest
 import torch
@@ -34,28 +33,6 @@ NAMES = sorted(REFERENCE)
 CLASS_NAMES = {
     "ece": "Ece", "classwise_ece": "ClasswiseEce", "nll": "Nll", "brier": "Brier", "calibration": "Calibration"
 }
-
-
-@pytest.fixture(scope="session")
-def hf_home(tmp_path_factory):
-    """An empty, writable HF_HOME with the hub unreachable, for the whole session.
-
-    ``evaluate`` reads its cache paths at import time, so its config is patched as well as
-    the environment. Session scope because the dynamic-module package ``evaluate_modules`` is
-    imported once per process from the first cache directory put on ``sys.path``.
-    """
-    home = tmp_path_factory.mktemp("hf_home")
-    with pytest.MonkeyPatch.context() as patch:
-        for variable, value in {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}.items():
-            patch.setenv(variable, value)
-        patch.setattr(evaluate.config, "HF_EVALUATE_OFFLINE", True)
-        patch.setattr(evaluate.config, "HF_EVALUATE_CACHE", home / "evaluate")
-        patch.setattr(evaluate.config, "HF_METRICS_CACHE", home / "metrics")
-        patch.setattr(evaluate.config, "HF_MODULES_CACHE", home / "modules")
-        patch.setattr(sys, "path", list(sys.path))  # evaluate appends its modules cache
-        yield home
-        for module_name in [name for name in sys.modules if name.startswith("evaluate_modules")]:
-            del sys.modules[module_name]
 
 
 @pytest.fixture(autouse=True)

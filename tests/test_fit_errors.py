@@ -51,13 +51,11 @@ def test_model_output_not_n_by_c(data):
         CalibratedModel.fit(Flat(), data, method="temperature", progress=False)
 
 
-def test_iterable_data_is_refused_with_a_reason(cnn):
-    class Stream(IterableDataset):
-        def __iter__(self):
-            yield torch.zeros(3, 16, 16), 0
-
-    with pytest.raises(ValueError, match="random access"):
-        CalibratedModel.fit(cnn, DataLoader(Stream()), method="temperature", progress=False)
+def test_a_one_shot_generator_is_refused_by_neural_clamping_with_the_fix(cnn, data):
+    """Neural Clamping reads its data every epoch: a generator would silently give one epoch, so it is refused."""
+    batches = (data[i : i + 8] for i in range(0, len(data), 8))
+    with pytest.raises(ValueError, match="can be read only once: a generator.*callable that returns a new iterator"):
+        CalibratedModel.fit(cnn, batches, method="neural_clamping", epochs=1, progress=False)
 
 
 def test_unknown_method_and_option(cnn, data):

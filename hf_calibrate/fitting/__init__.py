@@ -10,21 +10,21 @@ from ..backbones import Backbone, Inputs
 from ..backbones.preprocessing import describe_inputs, warn_if_not_declared
 from ..calibrators import Calibrator, calibrator_class
 from ..calibrators.base import FitContext
-from ..data import PreparedData
+from ..data import CalibrationData, PreparedData
 from ..metrics import NonFiniteError
 from .engine import Engine, EngineOptions, steps_per_epoch
 from .heads import FeatureStore, collect_features, fit_head, head_facts
 from .neural_clamping import fit_neural_clamping, random_crop_flip_cutout
 
 
-def _first_inputs(data: PreparedData) -> Inputs:
+def _first_inputs(data: CalibrationData) -> Inputs:
     """The model inputs of the data's first sample, as a batch of one."""
-    if len(data) == 0:
+    if isinstance(data, PreparedData) and len(data) == 0:
         raise ValueError("the calibration data is empty: at least one labelled sample is needed.")
-    return data.collate([data.dataset[0]])[0]
+    return data.first_inputs()
 
 
-def probe(backbone: Backbone, data: PreparedData, engine: Engine) -> Tuple[int, Tuple[int, ...]]:
+def probe(backbone: Backbone, data: CalibrationData, engine: Engine) -> Tuple[int, Tuple[int, ...]]:
     """(number of classes, δ's shape) from one sample of the data.
 
     δ is shaped like one calibration input (for text: one word-embedding vector), whatever
@@ -38,7 +38,7 @@ def probe(backbone: Backbone, data: PreparedData, engine: Engine) -> Tuple[int, 
     return int(num_classes), backbone.delta_shape(inputs)
 
 
-def input_contract(backbone: Backbone, data: PreparedData, engine: Engine) -> Dict[str, Any]:
+def input_contract(backbone: Backbone, data: CalibrationData, engine: Engine) -> Dict[str, Any]:
     """The input size and preprocessing of the calibration data: a calibration's ``input_contract``.
 
     Warns, naming both sizes, when the data's input size is not the one the model's config or
@@ -54,13 +54,13 @@ def input_contract(backbone: Backbone, data: PreparedData, engine: Engine) -> Di
 
 def fit_calibrator(
     backbone: Backbone,
-    data: PreparedData,
+    data: CalibrationData,
     method: str,
     method_options: Any,
     engine: Engine,
     *,
-    validation: Optional[PreparedData] = None,
-    temperature_data: Optional[PreparedData] = None,
+    validation: Optional[CalibrationData] = None,
+    temperature_data: Optional[CalibrationData] = None,
 ) -> Tuple[Calibrator, Dict[str, Any]]:
     """Fit the calibrator of ``method`` on ``data`` through the frozen ``backbone``.
 
@@ -82,11 +82,10 @@ def fit_calibrator(
     elif cls.needs_base_model:
         summary = fit_neural_clamping(backbone, data, calibrator, method_options, engine, validation)
     else:
-        indices = torch.arange(len(data))
-        logits, labels = engine.collect_logits(backbone, data, indices)
+        logits, labels = engine.collect_logits(backbone, data)
         context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main)
         summary = dict(calibrator.fit_logits(logits, labels, method_options, context))
-        summary["fit_samples"] = len(indices)
+        summary["fit_samples"] = len(labels)
     engine.broadcast_module(calibrator)
     return calibrator, summary
 

@@ -25,10 +25,11 @@ from .. import _distributed
 from .._progress import progress_bar
 from ..backbones import Backbone, Inputs
 from ..calibrators.base import check_fields, require
-from ..data import PreparedData
+from ..data import DEFAULT_CACHE_BYTES, CalibrationData, StreamedData
 from ..metrics._checks import check_labels
 from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
 from .kept_logits import KeptLogits
+from .scan import scan_stream
 
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -56,6 +57,9 @@ class EngineOptions:
         preprocess: callable turning one dataset row (dict) into model inputs (dict).
         image_column, text_column, label_column: column names when not the usual ones.
         max_length: tokenizer truncation length for raw text (default: the tokenizer's).
+        cache_bytes: preprocessed inputs kept in memory for a fit's later passes, in bytes over
+            all processes (default 2 GiB). A stream whose inputs take more is read again for each
+            pass, and shuffled within blocks of samples taking about this much (docs/design.md §3.0).
     """
 
     batch_size: int = 1000
@@ -71,6 +75,7 @@ class EngineOptions:
     text_column: Optional[str] = None
     label_column: Optional[str] = None
     max_length: Optional[int] = None
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -79,11 +84,12 @@ class EngineOptions:
                 "a positive integer or None")
         require(self.num_workers >= 0, "num_workers", self.num_workers, "an integer >= 0")
         require(self.max_length is None or self.max_length >= 1, "max_length", self.max_length, "a positive integer or None")
+        require(self.cache_bytes >= 0, "cache_bytes", self.cache_bytes, "a number of bytes >= 0")
         require(self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION, "mixed_precision",
                 self.mixed_precision, f"one of {list(MIXED_PRECISION)} or None")
 
     def data_options(self) -> dict:
-        names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length")
+        names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length", "cache_bytes")
         return {name: getattr(self, name) for name in names}
 
 
@@ -141,34 +147,50 @@ class Engine:
             )
         return permutation[holdout:].sort().values, permutation[:holdout].sort().values
 
-    def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0) -> List[torch.Tensor]:
+    def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0, block: Optional[int] = None) -> List[torch.Tensor]:
         """Batches of ``batch_size`` indices (seeded shuffle); a last batch smaller than the
-        number of processes joins the one before, so every process gets part of every batch."""
+        number of processes joins the one before, so every process gets part of every batch.
+
+        ``block`` (a stream's ``shuffle_block``): the shuffle permutes consecutive blocks of that
+        many indices one by one, so that a pass over a stream holds about one block; the same
+        permutation as without it when the indices fit in one block.
+        """
         if len(indices) < self.world:
             raise ValueError(f"{len(indices)} samples cannot be shared by {self.world} processes; use more data.")
         if shuffle:
-            indices = indices[torch.randperm(len(indices), generator=self.generator(epoch, 0xBA7C4))]
+            indices = self._shuffled(indices, epoch, block)
         batches = list(indices.split(self.options.batch_size))
         if len(batches) > 1 and len(batches[-1]) < self.world:
             batches[-2:] = [torch.cat(batches[-2:])]
         return batches
 
-    def local_micro_batches(self, global_batch: torch.Tensor) -> List[List[int]]:
-        """This process's strided share of a global batch, cut into micro-batches."""
-        local = global_batch[self.rank :: self.world].tolist()
+    def _shuffled(self, indices: torch.Tensor, epoch: int, block: Optional[int]) -> torch.Tensor:
+        if block is None or len(indices) <= block:
+            return indices[torch.randperm(len(indices), generator=self.generator(epoch, 0xBA7C4))]
+        parts = indices.split(block)
+        return torch.cat([part[torch.randperm(len(part), generator=self.generator(epoch, 0xBA7C4, number))]
+                          for number, part in enumerate(parts)])
+
+    def local_micro_batches(self, data: CalibrationData, global_batch: torch.Tensor) -> List[List[int]]:
+        """This process's share of a global batch (:meth:`~hf_calibrate.data.PreparedData.local_share`), cut into micro-batches."""
+        local = data.local_share(global_batch, self.rank, self.world).tolist()
         size = self.options.micro_batch_size or max(len(local), 1)
         return [local[start : start + size] for start in range(0, len(local), size)]
 
-    def iterate(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
+    def iterate(self, data: CalibrationData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
         """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device (unchecked)."""
-        plan = [(number, micro) for number, batch in enumerate(global_batches) for micro in self.local_micro_batches(batch)]
+        plan = [(number, micro) for number, batch in enumerate(global_batches) for micro in self.local_micro_batches(data, batch)]
         if not plan:
             return
-        loader = data.loader([micro for _, micro in plan], num_workers=self.options.num_workers)
-        for (number, micro), (inputs, labels) in zip(plan, loader):
+        micro_batches = [micro for _, micro in plan]
+        if isinstance(data, StreamedData):
+            batches = data.serve(micro_batches, self.rank, self.world)
+        else:
+            batches = data.loader(micro_batches, num_workers=self.options.num_workers)
+        for (number, micro), (inputs, labels) in zip(plan, batches):
             yield number, micro, self.to_device(inputs), labels.to(self.device)
 
-    def batches(self, data: PreparedData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
+    def batches(self, data: CalibrationData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, Iterator[Tuple[List[int], Inputs, torch.Tensor]]]]:
         """Yield (global batch number, its local micro-batches) for *every* global batch.
 
         A process whose share of a batch is empty still gets that batch (with no
@@ -199,7 +221,7 @@ class Engine:
     @torch.no_grad()
     def stream(
         self,
-        data: PreparedData,
+        data: CalibrationData,
         indices: torch.Tensor,
         compute: Callable[[Inputs], torch.Tensor],
         *,
@@ -231,33 +253,63 @@ class Engine:
                 yield rows, labels
                 bar.update(1)
 
+    def scan(
+        self,
+        data: CalibrationData,
+        compute: Callable[[Inputs], torch.Tensor],
+        *,
+        num_classes: Optional[int] = None,
+        description: str = "forward pass",
+        what: str = "logits",
+        keep_inputs: bool = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(``compute(inputs)`` rows (N, K) float32, labels (N,)) of every sample of ``data``, in dataset order, on every process.
+
+        The first pass over a stream reads each process's own units once and indexes the stream
+        (:mod:`hf_calibrate.fitting.scan`); ``keep_inputs`` keeps its units in memory for later passes
+        when they fit. Otherwise (map-style data, a stream already indexed) this is :meth:`stream` over all.
+        """
+        if isinstance(data, StreamedData) and data.index is None:
+            return scan_stream(self, data, compute, num_classes=num_classes, description=description, what=what,
+                               keep_inputs=keep_inputs)
+        parts = list(self.stream(data, torch.arange(len(data)), compute, num_classes=num_classes, description=description, what=what))
+        return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
+
     def collect_logits(
         self,
         backbone: Backbone,
-        data: PreparedData,
-        indices: torch.Tensor,
+        data: CalibrationData,
+        indices: Optional[torch.Tensor] = None,
         *,
         delta: Optional[torch.Tensor] = None,
         description: str = "computing logits",
+        keep_inputs: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Float32 logits (len(indices), C) and labels of the base model (with δ), in ``indices`` order, on every process.
+        """Float32 logits (n, C) and labels of the base model (with δ) for ``indices`` (None: every sample, through
+        :meth:`scan`), in that order, on every process.
 
         Non-finite inputs or logits raise :class:`~hf_calibrate.metrics.NonFiniteError` before anything is fitted.
         Base logits (no δ) of the data :attr:`kept_logits` names are handed to it too (not copied).
         """
         what = "logits" if delta is None else "logits with the perturbation δ"
-        parts = list(self.stream(data, indices, lambda inputs: backbone.logits(inputs, delta), description=description, what=what))
-        logits = torch.cat([part[0] for part in parts])
-        labels = torch.cat([part[1] for part in parts])
+        compute = lambda inputs: backbone.logits(inputs, delta)  # noqa: E731
+        if indices is None:
+            logits, labels = self.scan(data, compute, description=description, what=what, keep_inputs=keep_inputs)
+            indices = torch.arange(len(data))
+        else:
+            parts = list(self.stream(data, indices, compute, description=description, what=what))
+            logits, labels = torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
         self.check_labels(labels, logits.shape[1])
         if delta is None and self.kept_logits is not None:
             self.kept_logits.add(data, indices, logits, labels)
         return logits, labels
 
     def _local(self, positions, outputs, targets):
+        """This process's (indices, rows, labels) of a batch; empty when its share was (a stream's units may miss a batch)."""
         if outputs:
             return torch.cat(positions), torch.cat(outputs), torch.cat(targets)
-        raise RuntimeError("a process received no samples of a global batch; use a batch_size of at least the number of processes.")
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        return empty, torch.empty(0, device=self.device), empty
 
     def gather_sorted(self, positions: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor, *, count: int):
         """(dataset indices, rows, targets) gathered from every process, sorted by dataset index.
@@ -280,8 +332,9 @@ class Engine:
         """
         self.sync_faults()
         for parameter in parameters:
-            if parameter.grad is not None:
-                _distributed.all_reduce_sum_(parameter.grad)
+            if parameter.grad is None:  # this process had no samples of the batch: it adds nothing
+                parameter.grad = torch.zeros_like(parameter)
+            _distributed.all_reduce_sum_(parameter.grad)
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Make every process hold the main process's parameters and buffers."""

@@ -15,13 +15,13 @@ outputs, summing gradients); a loop that consumes batches without either calls i
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Type
+from typing import Callable, List, Optional, Sequence, Type
 
 import torch
 
 from .. import _distributed
 from ..backbones import Inputs
-from ..data import PreparedData
+from ..data import CalibrationData
 from ..metrics._checks import NonFiniteError, describe_positions, nonfinite_rows
 
 SAMPLES = "{samples}"  # stands for the sample positions in a fault's message
@@ -47,6 +47,11 @@ class FaultLedger:
             self._fault = _Fault(error, message, [])
         if self._fault.message == message:
             self._fault.positions.extend(int(p) for p in positions)
+
+    def renumber(self, index_of: Callable[[int], int]) -> None:
+        """Replace the noted positions by ``index_of(position)`` (a stream's first pass notes its own running positions)."""
+        if self._fault is not None:
+            self._fault.positions = [index_of(position) for position in self._fault.positions]
 
     def raise_agreed(self, device: torch.device) -> None:
         """Collective: raise the first-ranked process's fault on every process, if any process has one.
@@ -77,7 +82,7 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def note_nonfinite_inputs(ledger: FaultLedger, data: PreparedData, inputs: Inputs, positions: Sequence[int], number: int) -> Inputs:
+def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int], number: int) -> Inputs:
     """Note floating inputs holding NaN or ±inf (integer token ids and masks are skipped); return them neutralised.
 
     ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
@@ -91,7 +96,7 @@ def note_nonfinite_inputs(ledger: FaultLedger, data: PreparedData, inputs: Input
     return checked
 
 
-def nonfinite_inputs_message(data: PreparedData, key: str, number: int) -> str:
+def nonfinite_inputs_message(data: CalibrationData, key: str, number: int) -> str:
     return (
         f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {data.description} "
         f"(positions in that data; batch {number}). Calibrating or evaluating on them would give wrong "
@@ -99,7 +104,7 @@ def nonfinite_inputs_message(data: PreparedData, key: str, number: int) -> str:
     )
 
 
-def nonfinite_outputs_message(data: PreparedData, number: int, what: str) -> str:
+def nonfinite_outputs_message(data: CalibrationData, number: int, what: str) -> str:
     source = "the calibrated model" if what.startswith("calibrated") else "the base model"
     return (
         f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {data.description} "
@@ -108,7 +113,7 @@ def nonfinite_outputs_message(data: PreparedData, number: int, what: str) -> str
     )
 
 
-def check_finite_outputs(data: PreparedData, rows: torch.Tensor, positions: torch.Tensor, number: int, what: str) -> None:
+def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, number: int, what: str) -> None:
     """Raise :class:`NonFiniteError` when gathered model outputs (``what``: logits, features) hold NaN or ±inf.
 
     ``rows`` are the same on every process (gathered), so every process raises alike.
@@ -119,7 +124,7 @@ def check_finite_outputs(data: PreparedData, rows: torch.Tensor, positions: torc
         raise NonFiniteError(nonfinite_outputs_message(data, number, what).replace(SAMPLES, samples))
 
 
-def note_nonfinite_outputs(ledger: FaultLedger, data: PreparedData, rows: torch.Tensor, positions: Sequence[int], number: int, what: str) -> bool:
+def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: torch.Tensor, positions: Sequence[int], number: int, what: str) -> bool:
     """Note one process's model outputs holding NaN or ±inf; True when there were some."""
     bad = nonfinite_rows(rows)
     if bad:

@@ -23,7 +23,7 @@ from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
 from ..calibrators.temperature import fit_inverse_temperature, warn_if_without_minimum
-from ..data import PreparedData
+from ..data import CalibrationData
 from ..metrics import calibration_report
 from .engine import Engine
 
@@ -93,14 +93,14 @@ class FeatureStore:
 
 
 def collect_features(
-    backbone: Backbone, data: PreparedData, indices: torch.Tensor, engine: Engine, *, directory: Optional[Path], description: str
-) -> FeatureStore:
-    """One no-grad pass: the classifier-layer inputs of ``indices`` into a :class:`FeatureStore`.
+    backbone: Backbone, data: CalibrationData, engine: Engine, *, description: str
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One no-grad pass over all of ``data``: its classifier-layer inputs (N, d) float32 and labels (N,), in dataset order.
 
-    When the engine keeps the base logits of ``data`` (``engine.kept_logits``) and the features
-    stay in memory (no ``directory``), the logits the pass computes anyway are kept too.
+    When the engine keeps the base logits of ``data`` (``engine.kept_logits``), the logits the
+    pass computes anyway are kept too.
     """
-    keep = directory is None and engine.kept_logits is not None and engine.kept_logits.wants(data)
+    keep = engine.kept_logits is not None and engine.kept_logits.wants(data)
     width = _feature_dim(backbone) if keep else None  # the features' columns of a row
 
     def compute(inputs):
@@ -109,18 +109,21 @@ def collect_features(
         features = captured[-1].reshape(captured[-1].shape[0], -1)
         return torch.cat([features.float(), logits.float()], dim=1) if keep else features
 
-    store, done = FeatureStore(directory), 0
-    stream = engine.stream(
-        data, indices, compute, num_classes=backbone.num_classes, description=description,
+    rows, labels = engine.scan(
+        data, compute, num_classes=backbone.num_classes, description=description,
         what="features (the input of its classifier layer)" + (" or logits" if keep else ""),
     )
-    for rows, labels in stream:  # rows follow ``indices``; inputs and outputs are checked finite there
-        store.append(rows[:, :width], labels)
-        if keep:  # a copy of the logits columns, so that the features' rows are not held
-            engine.kept_logits.add(data, indices[done : done + len(labels)], rows[:, width:].clone(), labels)
-        done += len(labels)
-    if directory is not None and engine.world > 1:
-        engine.accelerator.wait_for_everyone()  # shards written by the main process
+    if keep:  # a copy of the logits columns, so that the features' rows are not held
+        engine.kept_logits.add(data, torch.arange(len(labels)), rows[:, width:].clone(), labels)
+        rows = rows[:, :width]
+    return rows, labels
+
+
+def _store(features: torch.Tensor, labels: torch.Tensor, directory: Optional[Path]) -> FeatureStore:
+    """The training rows in a :class:`FeatureStore` (in memory, or safetensors shards in ``directory``)."""
+    store = FeatureStore(directory)
+    for start in range(0, len(labels), SHARD_ROWS):
+        store.append(features[start : start + SHARD_ROWS], labels[start : start + SHARD_ROWS])
     return store.finish()
 
 
@@ -141,12 +144,12 @@ def _evaluate(head: torch.nn.Module, features: torch.Tensor, labels: torch.Tenso
 
 def fit_head(
     backbone: Backbone,
-    train: PreparedData,
-    validation: Optional[PreparedData],
+    train: CalibrationData,
+    validation: Optional[CalibrationData],
     calibrator: HeadCalibrator,
     options: Any,
     engine: Engine,
-    temperature_data: Optional[PreparedData] = None,
+    temperature_data: Optional[CalibrationData] = None,
 ) -> Dict[str, Any]:
     """Train ``calibrator``'s head on cached features; keep the epoch with the lowest validation NLL.
 
@@ -154,23 +157,27 @@ def fit_head(
     samples) before any training.
     """
     cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
+    if validation is None and options.holdout_fraction == 0:
+        raise ValueError(f"{calibrator.method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
+    features, labels = collect_features(backbone, train, engine, description="features (train)")
     if validation is None:
-        if options.holdout_fraction == 0:
-            raise ValueError(f"{calibrator.method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
-        train_indices, validation_indices = engine.split_indices(len(train), options.holdout_fraction)
+        train_indices, validation_indices = (part.to(features.device) for part in engine.split_indices(len(train), options.holdout_fraction))
         validation = train
+        val_features, val_labels = features[validation_indices], labels[validation_indices]
+        features, labels = features[train_indices], labels[train_indices]
     else:
-        train_indices, validation_indices = torch.arange(len(train)), torch.arange(len(validation))
-    train_store = collect_features(backbone, train, train_indices, engine, directory=cache and cache / "train", description="features (train)")
-    val_store = collect_features(backbone, validation, validation_indices, engine, directory=cache and cache / "validation", description="features (validation)")
-    val_features, val_labels = (t.to(engine.device) for t in val_store.tensors())
+        val_features, val_labels = collect_features(backbone, validation, engine, description="features (validation)")
+    train_store = _store(features, labels, cache and cache / "train")
+    del features, labels
+    if cache is not None and engine.world > 1:
+        engine.accelerator.wait_for_everyone()  # shards written by the main process
     calibrator.classifier = backbone.classifier_name
     generator = _prepare_head(backbone, calibrator, options, engine)
     history, best_epoch, best_nll = _train_head(calibrator, train_store, (val_features, val_labels), generator, options, engine)
     summary: Dict[str, Any] = {
         "trained_on": train.description, "validated_on": validation.description if validation is not train else
-        f"{len(validation_indices)} held-out samples of the training data", "train_samples": len(train_indices),
-        "validation_samples": len(validation_indices), "best_epoch": best_epoch, "epochs_run": len(history),
+        f"{len(val_labels)} held-out samples of the training data", "train_samples": len(train_store),
+        "validation_samples": len(val_labels), "best_epoch": best_epoch, "epochs_run": len(history),
         "best_validation_nll": best_nll, "still_improving": best_epoch == len(history),
         "classifier": calibrator.classifier, "history": history,
     }
@@ -270,12 +277,11 @@ def _train_epoch(
 
 
 def _fit_temperature(
-    backbone: Backbone, calibrator: HeadCalibrator, data: Optional[PreparedData], validation: Tuple[torch.Tensor, torch.Tensor], engine: Engine
+    backbone: Backbone, calibrator: HeadCalibrator, data: Optional[CalibrationData], validation: Tuple[torch.Tensor, torch.Tensor], engine: Engine
 ) -> Dict[str, Any]:
     """Temperature on the new head's logits, over ``data`` (or the validation features)."""
     if data is not None:
-        store = collect_features(backbone, data, torch.arange(len(data)), engine, directory=None, description="features (temperature)")
-        features, labels = (t.to(engine.device) for t in store.tensors())
+        features, labels = collect_features(backbone, data, engine, description="features (temperature)")
         source = data.description
     else:
         (features, labels), source = validation, "the validation data"

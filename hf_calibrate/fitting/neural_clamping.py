@@ -28,7 +28,7 @@ import torch
 from ..backbones import Backbone, InputSizeError, format_size
 from ..calibrators.neural_clamping import SELECT_METRICS, NeuralClamping, focal_loss
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, warn_if_without_minimum
-from ..data import PreparedData
+from ..data import CalibrationData, StreamedData
 from ..metrics import calibration_report, smooth_calibration_error
 from .. import _distributed
 from .engine import Engine, steps_per_epoch
@@ -91,11 +91,11 @@ class _Snapshot:
 
 def fit_neural_clamping(
     backbone: Backbone,
-    data: PreparedData,
+    data: CalibrationData,
     calibrator: NeuralClamping,
     options: Any,
     engine: Engine,
-    validation: Optional[PreparedData] = None,
+    validation: Optional[CalibrationData] = None,
 ) -> Dict[str, Any]:
     """Fit ``calibrator`` (δ, log T) in place; return the fit summary with its history.
 
@@ -117,11 +117,11 @@ def fit_neural_clamping(
 
 def _fit(
     backbone: Backbone,
-    data: PreparedData,
+    data: CalibrationData,
     calibrator: NeuralClamping,
     options: Any,
     engine: Engine,
-    validation: Optional[PreparedData],
+    validation: Optional[CalibrationData],
 ) -> Dict[str, Any]:
     """:func:`fit_neural_clamping` without the error translation."""
     if options.augment and backbone.modality != "image":
@@ -130,12 +130,17 @@ def _fit(
     if len(grid) > 1 and options.holdout_fraction == 0:
         raise ValueError("selecting among several gamma/delta_weight values needs holdout_fraction > 0.")
     device = engine.device
+    _require_rereadable(data, validation)
+    all_logits, all_labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
     if validation is None:
         fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
         validation = data
+        holdout_logits, holdout_labels = all_logits[holdout_indices.to(device)], all_labels[holdout_indices.to(device)]
     else:
-        fit_indices, holdout_indices = torch.arange(len(data)), torch.arange(len(validation))
-    fit_logits, fit_labels = engine.collect_logits(backbone, data, fit_indices, description="base logits (fit part)")
+        fit_indices = torch.arange(len(data))
+        holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
+        holdout_indices = torch.arange(len(validation))
+    fit_logits, fit_labels = all_logits[fit_indices.to(device)], all_labels[fit_indices.to(device)]
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
     if engine.is_main:
         warn_if_without_minimum(beta, fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
@@ -144,11 +149,10 @@ def _fit(
     start_log_t = _start_log_temperature(options, fallback_log_t)
     has_holdout = len(holdout_indices) > 0
     if has_holdout:
-        holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, holdout_indices, description="base logits (held-out part)")
         baseline_scores = _holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
         baseline = baseline_scores[f"holdout_{options.select_metric}"]
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
-            all_beta, _ = fit_inverse_temperature(torch.cat([fit_logits, holdout_logits]), torch.cat([fit_labels, holdout_labels]))
+            all_beta, _ = fit_inverse_temperature(all_logits, all_labels)
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
     steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
     epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
@@ -201,7 +205,7 @@ def _fit(
 
 def _train_epoch(
     backbone: Backbone,
-    data: PreparedData,
+    data: CalibrationData,
     fit_indices: torch.Tensor,
     delta: torch.nn.Parameter,
     log_t: torch.nn.Parameter,
@@ -215,7 +219,7 @@ def _train_epoch(
 ) -> float:
     """One epoch of SGD steps; returns the mean loss over its global batches."""
     augment = random_crop_flip_cutout if options.augment is True else options.augment
-    global_batches = engine.global_batches(fit_indices, shuffle=True, epoch=epoch)
+    global_batches = engine.global_batches(fit_indices, shuffle=True, epoch=epoch, block=data.shuffle_block)
     total = 0.0
     for number, micro_batches in engine.batches(data, global_batches):
         optimizer.zero_grad(set_to_none=True)
@@ -247,6 +251,17 @@ def _train_epoch(
     return total / len(global_batches)
 
 
+def _require_rereadable(*sources: Optional[CalibrationData]) -> None:
+    """Refuse a one-shot stream: Neural Clamping reads its data once per epoch and once per held-out check."""
+    for source in sources:
+        if isinstance(source, StreamedData) and not source.reiterable:
+            raise ValueError(
+                f"Neural Clamping reads its data once per epoch, but these data ({source.description}) can be read only "
+                "once: a generator or other iterator. Pass a callable that returns a new iterator each time it is called (e.g. "
+                "lambda: make_batches()), or a re-iterable: a list of batches, a DataLoader, an IterableDataset."
+            )
+
+
 def _start_log_temperature(options: Any, ts_log_t: torch.Tensor) -> torch.Tensor:
     """log T's starting point: the TS optimum of the fitting part, or ``options.temperature_init``."""
     if isinstance(options.temperature_init, str):
@@ -256,7 +271,7 @@ def _start_log_temperature(options: Any, ts_log_t: torch.Tensor) -> torch.Tensor
 
 def _initial_delta(
     backbone: Backbone,
-    data: PreparedData,
+    data: CalibrationData,
     fit_indices: torch.Tensor,
     calibrator: NeuralClamping,
     options: Any,

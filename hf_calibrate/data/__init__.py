@@ -1,0 +1,88 @@
+"""Calibration data: whatever the user holds → batches of ``(model inputs, labels)`` (docs/design.md §3.0).
+
+Map-style data are batched by index (:mod:`.mapped`): a ``DataLoader`` that batches samples of a
+map-style dataset (its ``dataset`` and ``collate_fn`` are reused with our own index sampling), a
+map-style torch ``Dataset`` of ``(input, label)`` pairs or dicts, a ``datasets.Dataset``.
+
+Everything else is a stream, read in order (:mod:`.sources`, :mod:`.stream`): a pre-batched
+``DataLoader`` (``batch_size=None``), a list or map-style dataset of whole batches, a ``DataLoader``
+over an ``IterableDataset``, a torch or ``datasets`` ``IterableDataset``, a callable returning a new
+iterator per pass, and a one-shot iterator such as a generator (read once: fine for the one-pass
+methods and ``evaluate``, refused by Neural Clamping, which reads its data every epoch).
+
+Rows of ``datasets`` datasets hold model inputs, are turned into them by ``preprocess(row)``, or
+hold raw ``image``/``text`` columns preprocessed with the model's own preprocessing (:mod:`.rows`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Union
+
+from torch.utils.data import DataLoader
+
+from ..backbones import Backbone
+from .batches import LABEL_KEYS, Batch, collate_rows, split_batch
+from .labels import align_labels, label_indices, label_tensor, model_label_names
+from .mapped import DEFAULT_CACHE_BYTES, PreparedData, datasets_rows, loader_samples, map_style_samples
+from .rows import RowOptions
+from .sources import source_of
+from .stream import StreamedData, StreamIndex
+from .streamed import streamed_data
+
+CalibrationData = Union[PreparedData, StreamedData]
+
+
+def prepare_data(
+    data: Any,
+    backbone: Backbone,
+    *,
+    preprocessor: Any = None,
+    preprocess: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+    image_column: Optional[str] = None,
+    text_column: Optional[str] = None,
+    label_column: Optional[str] = None,
+    max_length: Optional[int] = None,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> CalibrationData:
+    """``data`` as map-style :class:`PreparedData` (batched by index) or a :class:`StreamedData` (read in order)."""
+    options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
+    if _is_hf_dataset(data):
+        return datasets_rows(data, backbone, options, cache_bytes)
+    source = source_of(data)
+    if source is not None:
+        return streamed_data(data, source, backbone, options, cache_bytes)
+    if isinstance(data, DataLoader):
+        return loader_samples(data, backbone)
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, (dict, str, bytes)):
+        return map_style_samples(data, backbone, options, cache_bytes)
+    raise TypeError(
+        f"calibration data of type {type(data).__name__} is not supported; pass a DataLoader, a torch Dataset or "
+        "IterableDataset, a datasets.Dataset or IterableDataset, a list of batches, or a callable returning an iterator "
+        "of batches."
+    )
+
+
+def _is_hf_dataset(data: Any) -> bool:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        return False
+    return isinstance(data, datasets.Dataset)
+
+
+__all__ = [
+    "Batch",
+    "CalibrationData",
+    "DEFAULT_CACHE_BYTES",
+    "LABEL_KEYS",
+    "PreparedData",
+    "StreamIndex",
+    "StreamedData",
+    "align_labels",
+    "collate_rows",
+    "label_indices",
+    "label_tensor",
+    "model_label_names",
+    "prepare_data",
+    "split_batch",
+]

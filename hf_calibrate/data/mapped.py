@@ -1,0 +1,120 @@
+"""Map-style calibration data: indexable samples plus a collate into batches.
+
+The fit batches by index with its own sampler (so data can be split, shuffled and sharded):
+a ``DataLoader``'s ``dataset`` and ``collate_fn`` are reused, a map-style torch ``Dataset`` is
+collated as the transformers convention or ``(input, label)`` pairs, and a ``datasets.Dataset``'s
+rows become model inputs through :mod:`hf_calibrate.data.rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data._utils.collate import default_collate
+
+from ..backbones import Backbone, Inputs
+from .batches import Batch, collate_rows, pad_token_id, sample_collate, split_batch, tensor_bytes
+from .labels import align_labels
+from .rows import RowOptions, label_column, raw_row_converter, row_converter
+
+# Preprocessed items are kept in memory for later epochs up to this many bytes.
+DEFAULT_CACHE_BYTES = 2 << 30
+
+
+@dataclass
+class PreparedData:
+    """Indexable calibration data: ``dataset[i]`` is one item, ``collate(items)`` one batch."""
+
+    dataset: Any
+    collate: Callable[[List[Any]], Batch]
+    description: str
+    name: Optional[str] = None  # dataset name and split, when the data records them
+    split: Optional[str] = None
+    preprocessed_here: bool = False  # the library turned raw images or texts into inputs (else: the user did)
+    shuffle_block: Optional[int] = None  # shuffled batches permute all the samples at once (streams: within blocks)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def first_inputs(self) -> Inputs:
+        """The model inputs of the first sample, as a batch of one."""
+        return self.collate([self.dataset[0]])[0]
+
+    def local_share(self, batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+        """This process's share of a global ``batch`` of indices: every ``world``-th one from ``rank``."""
+        return batch[rank::world]
+
+    def loader(self, index_batches: Sequence[Sequence[int]], num_workers: int = 0) -> DataLoader:
+        """A DataLoader that yields one collated batch per list of indices.
+
+        Its own generator seeds the worker processes, so iterating it draws nothing from
+        torch's global generator (a fit leaves the user's random state as it found it).
+        """
+        return DataLoader(self.dataset, batch_sampler=list(index_batches), collate_fn=self.collate, num_workers=num_workers,
+                          generator=torch.Generator().manual_seed(0))
+
+
+class CachedItems(Dataset):
+    """``fn(source[i])`` memoised in memory until ``max_bytes`` of tensors are held."""
+
+    def __init__(self, source: Any, fn: Callable[[Any], Any], max_bytes: int) -> None:
+        self.source, self.fn, self.max_bytes = source, fn, max_bytes
+        self._items: Dict[int, Any] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Any:
+        if index in self._items:
+            return self._items[index]
+        item = self.fn(self.source[index])
+        size = tensor_bytes(item)
+        if self._bytes + size <= self.max_bytes:
+            self._items[index] = item
+            self._bytes += size
+        return item
+
+
+def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
+    """A ``datasets.Dataset`` whose labels are matched to the model's and whose rows become model inputs."""
+    if len(data) == 0:
+        raise ValueError("the calibration dataset is empty.")
+    columns = list(data.column_names)
+    data = align_labels(data, label_column(columns, options), backbone)
+    to_item, preprocessed_here = row_converter(columns, backbone, options)
+    pad_id = pad_token_id(backbone)
+    name = getattr(data.info, "dataset_name", None) or None
+    split = str(data.split) if data.split is not None else None
+    return PreparedData(
+        CachedItems(data, to_item, cache_bytes),
+        lambda items: split_batch(collate_rows(items, pad_id), backbone),
+        f"{name or 'datasets.Dataset'}{f' ({split})' if split else ''}, {len(data)} rows",
+        name=name,
+        split=split,
+        preprocessed_here=preprocessed_here,
+    )
+
+
+def loader_samples(loader: DataLoader, backbone: Backbone) -> PreparedData:
+    """A batching ``DataLoader`` over a map-style dataset: its dataset and collate, batched by our own indices."""
+    collate = loader.collate_fn or default_collate
+    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone),
+                        f"DataLoader({type(loader.dataset).__name__}, {len(loader.dataset)} samples)")
+
+
+def map_style_samples(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
+    """A map-style torch ``Dataset`` (or sequence) of samples: dicts or ``(input, label)`` pairs, optionally ``preprocess``-ed,
+    or dict rows of raw images or texts preprocessed with the model's own preprocessing."""
+    description = f"{type(data).__name__}({len(data)} samples)"
+    raw = raw_row_converter(data[0], backbone, options) if len(data) else None
+    if raw is not None:
+        pad_id = pad_token_id(backbone)
+        return PreparedData(CachedItems(data, raw, cache_bytes), lambda items: split_batch(collate_rows(items, pad_id), backbone),
+                            description, preprocessed_here=True)
+    if options.preprocess is not None:
+        data = CachedItems(data, options.preprocess, cache_bytes)
+    return PreparedData(data, sample_collate(backbone), description)

@@ -1,0 +1,468 @@
+"""The ecosystem's evaluator, fed class probabilities: ``evaluate``'s ``Evaluator`` for calibration metrics
+(docs/design.md §7).
+
+``evaluate.evaluator("text-classification")`` / ``("image-classification")`` give their metrics one
+predicted label id per sample, so a metric of probabilities (ECE, NLL, Brier: ``evaluate_metrics/``)
+cannot be used through them. :func:`calibration_evaluator` returns a subclass of the same
+evaluator with the same ``compute`` arguments and the same result — the metric's values (with
+``strategy="bootstrap"`` each one a ``{"score", "confidence_interval", "standard_error"}``) and
+``total_time_in_seconds``, ``samples_per_second``, ``latency_in_seconds`` — that runs any
+classification pipeline (a plain model's or a :class:`~hf_calibrate.CalibratedModel`'s) for every
+class's score and gives the metric:
+
+``predictions``
+    (N, C) float64: row i holds sample i's scores in class-id order (column k: the class whose
+    id is k), from the pipeline's labels mapped to ids by ``label_mapping`` when given, else by
+    the model's ``config.label2id`` (the inverse of the ``id2label`` the pipeline labels its scores
+    with, so column k is the model's logit k after softmax);
+``references``
+    (N,) int64 class ids: ids (a ``ClassLabel`` or integer column) as they are, except that a
+    ``ClassLabel`` whose names are the model's in another order is matched by name (as
+    :meth:`CalibratedModel.evaluate` does); class names (a string column) by the same mapping.
+
+What changes from ``evaluate``'s evaluator, and why (each in the method that does it):
+
+* the data may also be a ``datasets.IterableDataset``; every dataset is read in chunks of
+  :data:`CHUNK_ROWS` rows (``Dataset.iter``), each chunk given to the pipeline as one list, so a
+  stream is read once and never held whole. The time results count the pipeline calls only;
+* ``prepare_pipeline`` takes a ``Pipeline`` object (evaluate 0.4.6's checks
+  ``transformers.TFPreTrainedModel``, which transformers 5 no longer has) and refuses a pipeline
+  of another task;
+* ``prepare_metric`` refuses a metric whose ``predictions`` are label ids;
+* the bootstrap resamples sample indices (what evaluate's ``paired=True`` does with 1-D inputs):
+  evaluate's ``scipy.stats.bootstrap([references, predictions], paired=True)`` raises, as (N,)
+  and (N, C) do not broadcast. One ``scipy.stats.bootstrap`` call gives every metric key, from
+  the same resamples.
+
+For the model card's ``model-index``, :func:`as_evaluation` turns the results of the base's and the
+calibrated model's pipelines into what :meth:`CalibratedModel.push_evaluation_results` takes;
+:func:`metric_values` gives one result's metric values, one at a time as ``evaluate.push_to_hub``
+takes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import datasets
+import numpy as np
+from evaluate import EvaluationModule
+from evaluate.evaluator import Evaluator, ImageClassificationEvaluator, TextClassificationEvaluator
+from scipy.stats import bootstrap
+from transformers import Pipeline, PreTrainedModel
+from transformers.pipelines import TASK_ALIASES
+
+from . import reporting
+from ._warnings import warn_user
+
+logger = logging.getLogger(__name__)
+
+#: rows read from the dataset and given to the pipeline per call
+CHUNK_ROWS = 256
+#: the keys ``evaluate``'s evaluators add to the metric's values
+TIME_KEYS = ("total_time_in_seconds", "samples_per_second", "latency_in_seconds")
+#: how far a row of pipeline scores may sum from 1 (the metrics' own tolerance)
+SUM_TOLERANCE = 1e-3
+#: the sides of an evaluation, in the order the card shows them
+SIDES = ("uncalibrated", "calibrated")
+METRIC_HINT = (
+    "a metric of class probabilities, e.g. evaluate.load('<path>/evaluate_metrics/calibration') (also ece, nll, brier, "
+    "classwise_ece from this repository), or evaluate.combine([...]) of several"
+)
+
+
+# ----------------------------------------------------------------------------- reading the data
+
+
+@dataclass
+class _Labels:
+    """The label column as read: its name, its ``ClassLabel`` names (None for other columns) and its values."""
+
+    column: str
+    names: Optional[List[str]]
+    values: List[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Rows:
+    """A dataset read in chunks: the pipeline's inputs of each chunk, its labels collected into ``labels``."""
+
+    data: Union[datasets.Dataset, datasets.IterableDataset]
+    columns: Dict[str, Optional[str]]  # evaluate's argument name -> column name (second_input_column may be None)
+    labels: _Labels
+
+    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[List[Any]]:
+        """Each chunk's pipeline inputs (texts, ``{"text", "text_pair"}`` dicts or images); labels appended as read."""
+        for batch in self.data.iter(batch_size=size):
+            _check_columns(list(batch), self.columns)
+            self.labels.values.extend(batch[self.labels.column])
+            first, second = batch[self.columns["input_column"]], self.columns.get("second_input_column")
+            yield list(first) if second is None else [{"text": a, "text_pair": b} for a, b in zip(first, batch[second])]
+
+
+def _check_columns(available: Optional[Sequence[str]], columns: Mapping[str, Optional[str]]) -> None:
+    """evaluate's ``check_required_columns``, for a stream whose columns are known only once read."""
+    for argument, column in columns.items():
+        if column is not None and column not in available:
+            raise ValueError(f"Invalid `{argument}` {column} specified. The dataset contains the following columns: {available}.")
+
+
+def _label_names(data: Any, column: str) -> Optional[List[str]]:
+    """The names of ``column`` when it is a ``ClassLabel`` (None otherwise, or when a stream's features are unknown)."""
+    feature = (getattr(data, "features", None) or {}).get(column)
+    return list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+
+
+# ----------------------------------------------------------------------------- pipeline scores
+
+
+@dataclass
+class _Scores:
+    """The pipeline's scores: ``scores`` (N, C) float64 with column j the label ``names[j]`` (the model's
+    ``id2label`` order), and the labels read with them."""
+
+    names: List[str]
+    scores: np.ndarray
+    labels: _Labels
+
+
+def pipeline_labels(pipe: Any) -> List[str]:
+    """The labels of ``pipe``'s model in class-id order (its ``config.id2label``); a ValueError when it has none."""
+    config = getattr(getattr(pipe, "model", None), "config", None)
+    id2label = getattr(config, "id2label", None) or {}
+    names = [str(id2label.get(index, id2label.get(str(index), ""))) for index in range(len(id2label))]
+    if len(names) < 2 or not all(names) or len(set(names)) != len(names):
+        raise ValueError(
+            f"the pipeline's model has no usable class labels (config.id2label = {id2label}): a classification model "
+            "names each of its C >= 2 classes once. Set config.id2label and config.label2id on the model."
+        )
+    return names
+
+
+def _score_row(output: Sequence[Mapping[str, Any]], column: Mapping[str, int]) -> List[float]:
+    """One sample's pipeline output (a list of ``{"label", "score"}``) as its C scores in column order."""
+    row = [float("nan")] * len(column)
+    for item in output:
+        row[column[item["label"]]] = float(item["score"])
+    return row
+
+
+def _check_distributions(scores: np.ndarray, pipe: Any) -> None:
+    """Every row of ``scores`` (N, C) is a probability distribution; else name the cause and the fix."""
+    if np.isnan(scores).any():
+        raise ValueError("the pipeline returned scores for only some of the model's labels; it must return all C (top_k=C).")
+    sums = scores.sum(axis=1)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > SUM_TOLERANCE)
+    if len(bad):
+        config = pipe.model.config
+        raise ValueError(
+            f"the pipeline's scores of sample {bad[0]} sum to {sums[bad[0]]:.4f}, not 1: they are not a probability "
+            "distribution over the classes (the pipeline applies a sigmoid or nothing: its function_to_apply, or the "
+            f"model's problem_type {config.problem_type!r} with {config.num_labels} labels, says so). Calibration metrics "
+            "need a single-label classifier's softmax probabilities: build the pipeline without function_to_apply, and set "
+            "config.problem_type = 'single_label_classification' if the model is one."
+        )
+
+
+# ----------------------------------------------------------------------------- class ids
+
+
+def class_names(names: Sequence[str], label_mapping: Optional[Mapping[str, Any]]) -> List[str]:
+    """The pipeline's labels ordered by class id: ``names`` (the model's order) or by ``label_mapping``'s ids.
+
+    ``label_mapping`` must give each of the C labels a distinct id in 0..C-1 (extra keys are ignored).
+    """
+    if label_mapping is None:
+        return list(names)
+    ids = {name: label_mapping.get(name) for name in names}
+    valid = all(isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer()
+                for value in ids.values())
+    if not valid or sorted(int(value) for value in ids.values()) != list(range(len(names))):
+        raise ValueError(
+            f"label_mapping must give each of the model's {len(names)} labels {list(names)} a distinct class id "
+            f"0..{len(names) - 1} (the column of its probability in every prediction); it maps them to {ids}."
+        )
+    return sorted(names, key=lambda name: int(ids[name]))
+
+
+def _generic(classes: Sequence[str]) -> bool:
+    """True when the model names its classes only ``LABEL_i`` (transformers' default): names cannot be matched."""
+    return any(name == f"LABEL_{index}" for index, name in enumerate(classes))
+
+
+def _matched(label_names: Sequence[str], classes: Sequence[str]) -> Optional[np.ndarray]:
+    """Class id of each ``ClassLabel`` name, matched exactly or else ignoring case; None if some do not match."""
+    for key in (str, str.casefold):
+        index = {key(name): position for position, name in enumerate(classes)}
+        if len(index) == len(classes) and all(key(name) in index for name in label_names):
+            return np.array([index[key(name)] for name in label_names], dtype=np.int64)
+    return None
+
+
+def _ids_of_names(values: Sequence[str], classes: Sequence[str], column: str) -> np.ndarray:
+    """Class ids of class names; a ValueError naming the unknown ones, the model's labels and the fix."""
+    index = {name: position for position, name in enumerate(classes)}
+    unknown = sorted({value for value in values if value not in index})
+    if unknown:
+        raise ValueError(
+            f"the labels {unknown[:5]} of column {column!r} are not among the model's labels {list(classes)}. Pass "
+            "label_mapping={model label: class id}, or map the column to the model's labels or to class ids first."
+        )
+    return np.array([index[value] for value in values], dtype=np.int64)
+
+
+def _aligned_ids(ids: np.ndarray, labels: _Labels, classes: Sequence[str]) -> np.ndarray:
+    """``ClassLabel`` ids re-indexed to the model's classes by name, when the names are the model's in another order."""
+    if labels.names is None or _generic(classes) or list(labels.names) == list(classes):
+        return ids
+    matched = _matched(labels.names, classes)
+    if matched is None:
+        raise ValueError(
+            f"the ClassLabel names {labels.names} of column {labels.column!r} are not the model's labels {list(classes)}. "
+            f"If the ids already mean the model's classes, drop the names (data.cast_column({labels.column!r}, "
+            "datasets.Value('int64'))) or pass label_mapping={model label: class id}."
+        )
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(matched)):
+        raise ValueError(
+            f"column {labels.column!r} holds ids from {ids.min()} to {ids.max()}, outside its ClassLabel's 0..{len(matched) - 1}."
+        )
+    return matched[ids]
+
+
+def reference_ids(labels: _Labels, classes: Sequence[str], mapped: bool) -> np.ndarray:
+    """(N,) int64 class ids of the labels read (class ids or class names), checked to lie in 0..C-1.
+
+    ``classes``: the labels by class id; ``mapped``: ids come from ``label_mapping``, so ``ClassLabel`` ids are
+    taken as they are (the mapping says what they mean).
+    """
+    values = labels.values
+    if values and all(isinstance(value, str) for value in values):
+        return _ids_of_names(values, classes, labels.column)
+    if not all(isinstance(value, numbers.Integral) and not isinstance(value, bool) for value in values):
+        example = next(value for value in values if not isinstance(value, numbers.Integral) or isinstance(value, bool))
+        raise ValueError(
+            f"column {labels.column!r} must hold class ids (integers) or class names (strings), all of one kind; it holds "
+            f"{example!r} ({type(example).__name__})."
+        )
+    ids = np.asarray(values, dtype=np.int64)
+    ids = ids if mapped else _aligned_ids(ids, labels, classes)
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(classes)):
+        raise ValueError(
+            f"column {labels.column!r} holds class ids from {ids.min()} to {ids.max()}, but the model has {len(classes)} "
+            f"classes (ids 0..{len(classes) - 1}: {list(classes)}). Pass label_mapping={{model label: class id}} if the ids "
+            "mean other classes."
+        )
+    return ids
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _non_probability_feature(module: EvaluationModule) -> Optional[Any]:
+    """What ``module`` declares its ``predictions`` to be when that is not a vector of floats (None when it is)."""
+    schemas = module.features if isinstance(module.features, list) else [module.features]
+    declared = [schema.get("predictions") for schema in schemas if schema is not None]
+    for feature in declared:
+        item = getattr(feature, "feature", None)
+        if isinstance(item, datasets.Value) and item.dtype.startswith("float"):
+            return None
+    return declared[0] if declared else "no predictions"
+
+
+# ----------------------------------------------------------------------------- the evaluators
+
+
+class _ProbabilityEvaluation:
+    """What :func:`calibration_evaluator`'s classes change in ``evaluate``'s classification evaluators (put it first
+    in the bases): the data, the pipeline and the metric are checked, and the metric gets probabilities."""
+
+    task: str
+    PIPELINE_KWARGS: Dict[str, Any]
+
+    def load_data(self, data: Any, subset: Optional[str] = None, split: Optional[str] = None) -> Any:
+        """evaluate's ``load_data``, also taking a ``datasets.IterableDataset``; a DatasetDict is an error naming its splits."""
+        if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+            example = next(iter(data), "test")
+            raise ValueError(
+                f"data is a {type(data).__name__} of the splits {list(data)}; pass one split, e.g. data=data[{example!r}]."
+            )
+        if isinstance(data, datasets.IterableDataset):
+            if split is not None or subset is not None:
+                logger.warning("`data` is a preloaded IterableDataset! Ignoring `subset` and `split`.")
+            return data
+        return super().load_data(data=data, subset=subset, split=split)  # type: ignore[misc]
+
+    def prepare_data(
+        self, data: Any, input_column: str, label_column: str, second_input_column: Optional[str] = None
+    ) -> Tuple[Dict[str, List[Any]], _Rows]:
+        """({"references": the labels, filled as the rows are read}, the rows to read); columns checked as evaluate does."""
+        columns = {"input_column": input_column, "label_column": label_column, "second_input_column": second_input_column}
+        if getattr(data, "column_names", None) is not None:
+            _check_columns(data.column_names, columns)
+        rows = _Rows(data, columns, _Labels(label_column, _label_names(data, label_column)))
+        return {"references": rows.labels.values}, rows
+
+    def prepare_pipeline(
+        self, model_or_pipeline: Any, tokenizer: Any = None, feature_extractor: Any = None, device: Optional[int] = None
+    ) -> Pipeline:
+        """A pipeline of this evaluator's task: built from a model or hub id as evaluate does, or the one given."""
+        if isinstance(model_or_pipeline, (str, PreTrainedModel)):
+            pipe = super().prepare_pipeline(model_or_pipeline, tokenizer, feature_extractor, device)  # type: ignore[misc]
+        elif isinstance(model_or_pipeline, Pipeline):
+            pipe = model_or_pipeline
+            if tokenizer is not None or feature_extractor is not None:
+                logger.warning("Ignoring the value of the preprocessor argument (`tokenizer` or `feature_extractor`).")
+        else:
+            raise ValueError(
+                f"model_or_pipeline must be a transformers {self.task} Pipeline, a classification model (PreTrainedModel, "
+                f"e.g. a CalibratedModel) or its hub id / folder; got {type(model_or_pipeline).__name__}."
+            )
+        if getattr(pipe, "task", None) != self.task:
+            raise ValueError(
+                f"model_or_pipeline is a {getattr(pipe, 'task', None)!r} pipeline, but this evaluator scores the class "
+                f"probabilities of a {self.task!r} pipeline: pass transformers.pipeline({self.task!r}, model=...) or the "
+                "classification model itself."
+            )
+        pipeline_labels(pipe)
+        return pipe
+
+    def prepare_metric(self, metric: Any) -> Any:
+        """evaluate's ``prepare_metric`` (a name or path is loaded), checked to take probability predictions."""
+        if metric is None:
+            raise ValueError(f"this evaluator has no default metric: pass metric=..., {METRIC_HINT}.")
+        metric = super().prepare_metric(metric)  # type: ignore[misc]
+        for module in getattr(metric, "evaluation_modules", [metric]):
+            declared = _non_probability_feature(module)
+            if declared is not None:
+                raise ValueError(
+                    f"the metric {module.name!r} takes predictions as {declared}, one label id per sample, but this evaluator "
+                    f"gives each sample's class probabilities, shape (N, C). Pass {METRIC_HINT}; for label-id metrics such "
+                    f"as accuracy use evaluate.evaluator({self.task!r})."
+                )
+        return metric
+
+    def call_pipeline(self, pipe: Pipeline, rows: _Rows) -> Tuple[_Scores, Dict[str, float]]:
+        """(every sample's scores for every label with the labels read, evaluate's time results of the pipeline calls)."""
+        names = pipeline_labels(pipe)
+        column = {name: position for position, name in enumerate(names)}
+        scores: List[List[float]] = []
+        seconds = 0.0
+        for inputs in rows.chunks():
+            start = perf_counter()
+            outputs = pipe(inputs, top_k=len(names), **self.PIPELINE_KWARGS)  # top_k=None is 5 for images
+            seconds += perf_counter() - start
+            scores.extend(_score_row(output, column) for output in outputs)
+        if not scores:
+            raise ValueError("data has no rows to evaluate.")
+        array = np.asarray(scores, dtype=np.float64)
+        _check_distributions(array, pipe)
+        _warn_if_in_sample(pipe, rows.data)
+        return _Scores(names, array, rows.labels), self._compute_time_perf(0.0, seconds, len(scores))
+
+    def predictions_processor(self, predictions: _Scores, label_mapping: Optional[Mapping[str, Any]]) -> Dict[str, np.ndarray]:
+        """The metric's inputs: ``predictions`` (N, C) float64 in class-id order and ``references`` (N,) int64 class ids."""
+        classes = class_names(predictions.names, label_mapping)
+        order = [predictions.names.index(name) for name in classes]
+        references = reference_ids(predictions.labels, classes, mapped=label_mapping is not None)
+        return {"predictions": predictions.scores[:, order], "references": references}
+
+    @staticmethod
+    def _compute_confidence_interval(
+        metric: Any, metric_inputs: Mapping[str, Any], metric_keys: Sequence[str], confidence_level: float = 0.95,
+        n_resamples: int = 9999, random_state: Optional[int] = None,
+    ) -> Dict[str, Dict[str, Any]]:
+        """evaluate's bootstrap (``scipy.stats.bootstrap`` with its defaults: BCa) of every key of ``metric``, over
+        resampled sample indices: one call, every key from the same resamples."""
+        predictions, references = np.asarray(metric_inputs["predictions"]), np.asarray(metric_inputs["references"])
+        keys = list(metric_keys)
+
+        def statistic(rows: np.ndarray) -> np.ndarray:
+            values = metric.compute(predictions=predictions[rows], references=references[rows])
+            return np.array([values[key] for key in keys], dtype=np.float64)
+
+        result = bootstrap(
+            [np.arange(len(references))], statistic, vectorized=False, confidence_level=confidence_level,
+            n_resamples=n_resamples, random_state=random_state,
+        )
+        low, high = np.atleast_1d(result.confidence_interval.low), np.atleast_1d(result.confidence_interval.high)
+        errors = np.atleast_1d(result.standard_error)
+        return {key: {"confidence_interval": (float(low[i]), float(high[i])), "standard_error": float(errors[i])}
+                for i, key in enumerate(keys)}
+
+
+def _warn_if_in_sample(pipe: Pipeline, data: Any) -> None:
+    """Warn when the pipeline's model is a calibration fitted on ``data`` (its numbers are optimistic)."""
+    fitted_on = getattr(pipe.model, "fitted_on", None)
+    if callable(fitted_on) and fitted_on(data):
+        warn_user(
+            f"these data are data the pipeline's calibration was fitted on ({reporting.IN_SAMPLE_NOTE}). Evaluate on data "
+            "the fit did not use, or pass in_sample=True to as_evaluation so that the model card says so."
+        )
+
+
+class TextClassificationCalibrationEvaluator(_ProbabilityEvaluation, TextClassificationEvaluator):
+    """``evaluate``'s text-classification evaluator, giving its metric every class's probability (module docstring)."""
+
+
+class ImageClassificationCalibrationEvaluator(_ProbabilityEvaluation, ImageClassificationEvaluator):
+    """``evaluate``'s image-classification evaluator, giving its metric every class's probability (module docstring)."""
+
+
+EVALUATORS = {
+    "text-classification": TextClassificationCalibrationEvaluator,
+    "image-classification": ImageClassificationCalibrationEvaluator,
+}
+
+
+def calibration_evaluator(task: str) -> Evaluator:
+    """The evaluator of ``task`` (``"text-classification"``, alias ``"sentiment-analysis"``, or
+    ``"image-classification"``) whose metric gets class probabilities; ``compute`` as ``evaluate.evaluator(task)``'s."""
+    task = TASK_ALIASES.get(task, task)
+    if task not in EVALUATORS:
+        raise ValueError(f"no calibration evaluator for the task {task!r}; the tasks are {list(EVALUATORS)}.")
+    return EVALUATORS[task](task=task)
+
+
+# ----------------------------------------------------------------------------- to the model card
+
+
+def metric_values(results: Mapping[str, Any]) -> Dict[str, float]:
+    """The metric values of an evaluator's ``results`` (a bootstrap entry's ``score``), without the time keys."""
+    values = {}
+    for key, value in results.items():
+        value = value["score"] if isinstance(value, Mapping) else value
+        if key not in TIME_KEYS and isinstance(value, numbers.Real):
+            values[key] = float(value)
+    return values
+
+
+def as_evaluation(
+    uncalibrated: Mapping[str, Any], calibrated: Mapping[str, Any], *, dataset: str, split: Optional[str] = None,
+    dataset_id: Optional[str] = None, in_sample: bool = False,
+) -> Dict[str, Any]:
+    """The results of the base's and the calibrated model's pipelines as the evaluation that
+    :meth:`CalibratedModel.push_evaluation_results` (and ``cards.eval_results``) take.
+
+    Args:
+        uncalibrated, calibrated: ``compute`` results of the two pipelines on the same data.
+        dataset: the data's display name (the model-index ``dataset.name``); ``dataset_id``: its hub id
+            (``dataset.type``, default ``dataset``); ``split``: its split.
+        in_sample: the data are data the calibration was fitted on (the card then says the numbers are optimistic).
+
+    Returns:
+        ``{"uncalibrated": {metric: value}, "calibrated": {metric: value}, "dataset", "split", "dataset_id",
+        "in_sample"}``: points only (the model-index holds values, not intervals).
+    """
+    sides = dict(zip(SIDES, (metric_values(uncalibrated), metric_values(calibrated))))
+    card_keys = [key for key, _ in reporting.METRICS]
+    for side, values in sides.items():
+        if not any(key in values for key in card_keys):
+            raise ValueError(
+                f"the {side} results {sorted(values)} hold none of the model card's metrics {card_keys}: compute them with "
+                f"{METRIC_HINT}."
+            )
+    return {**sides, "dataset": dataset, "split": split, "dataset_id": dataset_id, "in_sample": bool(in_sample)}

@@ -1,0 +1,143 @@
+"""One evaluation pass: the base's and the calibrated model's logits over labelled data, into before/after accumulators.
+
+Each process adds its share of the samples to the two :class:`~hf_calibrate.metrics.CalibrationMetrics`
+(summed across processes when they are computed); a sample's bootstrap weights are keyed on its
+dataset index and the engine's seed, so results are the same on any number of processes and for any
+batch size. Map-style data are scored batch by batch (each process its strided share); a stream not
+read before is scored by one :meth:`~hf_calibrate.fitting.Engine.scan`, whose rows every process
+then holds, each adding every W-th of them (docs/design.md §3.0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import evaluation
+from .backbones import Backbone
+from .calibrators import Calibrator
+from .data import CalibrationData, StreamedData
+from .fitting import Engine
+from .fitting.faults import note_nonfinite_outputs
+from .metrics import CalibrationMetrics
+
+Logits = Tuple[torch.Tensor, torch.Tensor]  # (logits (N, C) float32, labels (N,))
+Accumulators = Tuple[CalibrationMetrics, CalibrationMetrics]
+
+
+@dataclasses.dataclass
+class Scorer:
+    """What a pass needs of a calibrated model: its base, its calibrator, and its calibrated forward (inputs → logits)."""
+
+    backbone: Backbone
+    calibrator: Calibrator
+    calibrated_logits: Callable[[Dict[str, Any]], torch.Tensor]
+
+    @property
+    def logit_space(self) -> bool:
+        """Whether the calibration maps the base's logits (no δ, no new head): calibrated logits need no forward pass."""
+        return self.calibrator.input_perturbation is None and self.calibrator.head is None
+
+
+def score(scorer: Scorer, engine: Engine, data: CalibrationData, bins_and_replicates: Tuple[int, int],
+          kept: Optional[Logits]) -> Accumulators:
+    """(uncalibrated, calibrated) accumulators over ``data``, with (n_bins, bootstrap replicates) ``bins_and_replicates``.
+
+    ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
+    pass; a logit-space calibration then loads no input at all.
+    """
+    accumulators = evaluation.accumulators(scorer.calibrator.num_classes, *bins_and_replicates, seed=engine.options.seed)
+    if kept is not None:
+        kept = (kept[0].to(engine.device), kept[1].to(engine.device))
+    if isinstance(data, StreamedData) and data.index is None:
+        _score_stream(scorer, engine, data, accumulators, kept)
+    else:
+        _score_indexed(scorer, engine, data, accumulators, kept)
+    return accumulators
+
+
+def _check_kept(kept: Logits, count: int, data: CalibrationData) -> None:
+    if len(kept[0]) != count:
+        raise RuntimeError(
+            f"the kept base logits are of {len(kept[0])} samples but the evaluation data are {data.description}: "
+            "they are not of these data. Evaluate with CalibratedModel.evaluate (which runs the base model)."
+        )
+
+
+def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumulators: Accumulators, kept: Optional[Logits]) -> None:
+    """Map-style data (or a stream already indexed): global batches in order, each process its share."""
+    if kept is not None:
+        _check_kept(kept, len(data), data)
+    num_classes = scorer.calibrator.num_classes
+    batches = engine.global_batches(torch.arange(len(data)), shuffle=False)
+    passes = _kept_batches(engine, data, batches, kept[1]) if kept is not None and scorer.logit_space else engine.batches(data, batches)
+    with engine.progress(len(batches), "evaluating") as bar:
+        for number, micro_batches in passes:
+            for micro, inputs, labels in micro_batches:
+                base_logits, calibrated_logits = _logit_pair(scorer, engine, inputs, micro, kept)
+                bad = engine.note_label_faults(labels, num_classes)
+                bad |= note_nonfinite_outputs(engine.faults, data, base_logits, micro, number, "logits")
+                bad |= note_nonfinite_outputs(engine.faults, data, calibrated_logits, micro, number, "calibrated logits")
+                if not bad:
+                    for accumulator, logits in zip(accumulators, (base_logits, calibrated_logits)):
+                        accumulator.update(logits, labels, sample_index=micro, from_logits=True)
+            engine.sync_faults()
+            bar.update(1)
+
+
+def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulators: Accumulators, kept: Optional[Logits]) -> None:
+    """A stream's first pass: both sides' logits of every sample (on every process), each process adding every W-th."""
+    num_classes = scorer.calibrator.num_classes
+    if kept is not None and scorer.logit_space:
+        (base, labels), calibrated = kept, None  # no input is read at all
+    elif kept is not None:
+        calibrated, labels = engine.scan(data, lambda inputs: scorer.calibrated_logits(inputs).float(), num_classes=num_classes,
+                                         description="evaluating", what="calibrated logits")
+        _check_kept(kept, len(labels), data)
+        base = kept[0]
+    else:
+        rows, labels = engine.scan(data, lambda inputs: _both_logits(scorer, inputs), num_classes=num_classes,
+                                   description="evaluating", what="logits (base or calibrated)")
+        base, calibrated = rows[:, :num_classes], rows[:, num_classes:]
+    share = torch.arange(engine.rank, len(labels), engine.world, device=labels.device)
+    if calibrated is None:
+        with engine.autocast():
+            calibrated = scorer.calibrator(base[share]).float()
+    else:
+        calibrated = calibrated[share]
+    for accumulator, logits in zip(accumulators, (base[share], calibrated)):
+        accumulator.update(logits, labels[share], sample_index=share.tolist(), from_logits=True)
+
+
+def _both_logits(scorer: Scorer, inputs: Dict[str, Any]) -> torch.Tensor:
+    """(n, 2C): the base's logits, then the calibrated model's."""
+    base = scorer.backbone.logits(inputs).float()
+    calibrated = scorer.calibrator(base) if scorer.logit_space else scorer.calibrated_logits(inputs)
+    return torch.cat([base, calibrated.float()], dim=1)
+
+
+def _logit_pair(scorer: Scorer, engine: Engine, inputs: Optional[Dict[str, Any]], micro: List[int], kept: Optional[Logits]) -> Logits:
+    """(base, calibrated) float32 logits (n, C) of one micro-batch (dataset indices ``micro``); the base's are
+    taken from ``kept`` when given, else computed from ``inputs``."""
+    with engine.autocast():
+        if kept is not None:
+            base_logits = kept[0][torch.as_tensor(micro, device=kept[0].device)]
+        else:
+            base_logits = scorer.backbone.logits(inputs).float()
+        if scorer.logit_space:
+            calibrated_logits = scorer.calibrator(base_logits).float()
+        else:
+            calibrated_logits = scorer.calibrated_logits(inputs).float()
+    return base_logits, calibrated_logits
+
+
+def _kept_batches(
+    engine: Engine, data: CalibrationData, batches: Sequence[torch.Tensor], labels: torch.Tensor
+) -> Iterator[Tuple[int, Iterator[Tuple[List[int], None, torch.Tensor]]]]:
+    """:meth:`Engine.batches`' plan over ``batches`` without loading any input: (global batch number, its local
+    micro-batches as (dataset indices, None, their labels from ``labels`` (N,)))."""
+    for number, batch in enumerate(batches):
+        micro_batches = engine.local_micro_batches(data, batch)
+        yield number, iter([(micro, None, labels[torch.as_tensor(micro, device=labels.device)]) for micro in micro_batches])
