@@ -43,6 +43,7 @@ from .backbones.preprocessing import contract_preprocessor, evaluation_options, 
 from .calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from .calibrators.neural_clamping import recorded_select_metric
 from .data import prepare_data
+from .data.sources import is_one_shot
 from .fitting import Engine, EngineOptions, fit_calibrator, input_contract
 from .fitting.kept_logits import KeptLogits
 from .metrics import CalibrationMetrics, ReliabilityBins
@@ -54,6 +55,17 @@ TASKS = {"image": "image-classification", "text": "text-classification", "tensor
 
 class TemperatureScalingFallbackWarning(UserWarning):
     """A Neural Clamping fit fell back to plain temperature scaling: δ did not help on the held-out selection data."""
+
+
+def _refuse_one_shot_twice(data_sources: Tuple[Any, Any, Any]) -> None:
+    """Refuse one iterator given for two of (calibration, validation, temperature) data: each would get part of it."""
+    one_shot = [source for source in data_sources if source is not None and is_one_shot(source)]
+    if len({id(source) for source in one_shot}) < len(one_shot):
+        raise ValueError(
+            "the same one-shot iterator (e.g. a generator) was given for two of calibration_data, validation_data and "
+            "temperature_data: each would read only part of it. Pass separate data for each, or one re-iterable "
+            "(a list of batches, a DataLoader, a callable returning a new iterator) for both."
+        )
 
 
 def _weakly_referable(source: Any) -> bool:
@@ -307,6 +319,7 @@ class CalibratedModel(PreTrainedModel):
         engine = Engine(engine_options)
         backbone = adapt(model, classifier=getattr(method_options, "classifier", None))
         calibration_data, validation_data, temperature_data = data_sources
+        _refuse_one_shot_twice(data_sources)
         with frozen(model):
             model.to(engine.device)
             prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_options.data_options())  # noqa: E731
@@ -342,7 +355,8 @@ class CalibratedModel(PreTrainedModel):
             "base_fingerprint": serialization.weights_fingerprint(model),
             "input_contract": contract,
         }
-        calibrated._fitted_data = [weakref.ref(source) for source in data_sources if _weakly_referable(source)]
+        identities = (reporting.data_identity(source) for source in data_sources if source is not None)
+        calibrated._fitted_data = [weakref.ref(identity) for identity in identities if _weakly_referable(identity)]
         note = calibrated.fallback_note()
         if note is not None and engine.is_main:
             warn_user(f"{note} {reporting.FALLBACK_ADVICE}", TemperatureScalingFallbackWarning)
@@ -357,8 +371,8 @@ class CalibratedModel(PreTrainedModel):
         data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given), or a
         ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded,
         so this holds for a loaded model too)."""
-        source = reporting.data_source(data)
-        if any(reporting.data_source(reference()) is source for reference in self._fitted_data):
+        identity = reporting.data_identity(data)
+        if any(reference() is identity for reference in self._fitted_data):
             return True
         fingerprint = reporting.data_fingerprint(data)
         return fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ())
@@ -430,9 +444,10 @@ class CalibratedModel(PreTrainedModel):
         _check_evaluation_arguments(own, options)
         options = evaluation_options(self.provenance.get("input_contract"), options, self.preprocessor)
         engine = Engine(_engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
-        prepared = prepare_data(data, self.backbone, **engine.options.data_options())
-        self.to(engine.device)
         scorer = scoring.Scorer(self.backbone, self.calibrator, lambda inputs: self._calibrated_forward(inputs)[0])
+        needs_data = kept is None or not scorer.logit_space or not is_one_shot(data)  # a read generator is not read again
+        prepared = prepare_data(data, self.backbone, **engine.options.data_options()) if needs_data else None
+        self.to(engine.device)
         return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
 
     # -------------------------------------------------- saving, loading, pushing
@@ -676,16 +691,14 @@ def fit_and_evaluate(
     ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
     computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
     calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
-    Clamping and the head methods run the calibrated model once (δ and the new head need it); a
-    head method with ``feature_cache_dir`` keeps no logits and runs the base model again. The kept
-    logits (N × C float32) live only during this call.
+    Clamping and the head methods run the calibrated model once (δ and the new head need it). The
+    kept logits (N × C float32) live only during this call.
 
     Evaluation options are checked before the fit starts. For data whose items are deterministic
-    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit, when the fit ran the base model over the
-    whole calibration data in one pass (the logit-space methods; Neural Clamping and the head
-    methods with separate ``validation_data``). When Neural Clamping or a head method holds out part
-    of the calibration data, it computed the base logits in the batches of its two parts: the
-    uncalibrated metrics then equal the two calls' up to float rounding of the batched forward pass.
+    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit:
+    every method's first pass runs the base model over the whole calibration data in the batches an
+    evaluation uses. A one-shot stream (a generator) can be fitted and evaluated here with a
+    logit-space method, whose evaluation reads no input.
 
     Returns:
         (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
@@ -694,6 +707,8 @@ def fit_and_evaluate(
     own = {key: evaluation_options.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
     _check_evaluation_arguments(own, evaluation_options)
     reuse = (evaluation_data is None or evaluation_data is calibration_data) and _same_base_pass(options, evaluation_options)
+    if (evaluation_data is None or evaluation_data is calibration_data) and is_one_shot(calibration_data):
+        _require_logit_space_for_one_pass(method, reuse)
     calibrated, kept = CalibratedModel._fit(
         model, (calibration_data, validation_data, temperature_data), method, options,
         naming=(dataset_name, split), keep_logits=reuse,
@@ -701,6 +716,20 @@ def fit_and_evaluate(
     data = calibration_data if evaluation_data is None else evaluation_data
     evaluation = calibrated._evaluate(data, own, evaluation_options, kept=kept)
     return calibrated, evaluation
+
+
+def _require_logit_space_for_one_pass(method: str, reuse: bool) -> None:
+    """Refuse, before fitting, to fit and evaluate on one-shot data when the evaluation would have to read them again."""
+    cls = calibrator_class(method)
+    if reuse and not (cls.needs_features or cls.needs_base_model):
+        return
+    raise ValueError(
+        f"the calibration data can be read only once (a generator or other iterator), and evaluating a {method!r} "
+        "calibration on them reads them a second time"
+        + ("" if reuse else " (the evaluation runs the base model with other options than the fit)")
+        + ". Pass a callable that returns a new iterator each time it is called, or a re-iterable (a list of batches, "
+        "a DataLoader, an IterableDataset)."
+    )
 
 
 #: engine options that change no base logit: a fit and an evaluation may differ in them and share the base's pass

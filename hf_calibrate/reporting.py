@@ -65,6 +65,17 @@ def data_source(data: Any) -> Any:
     return data.dataset if isinstance(data, DataLoader) else data
 
 
+def data_identity(data: Any) -> Any:
+    """What stands for ``data`` when asking whether two data are the same: the dataset behind a DataLoader; for a
+    list or tuple of batches (which cannot be weakly referenced) the first tensor of its first batch; else ``data``."""
+    source = data_source(data)
+    if isinstance(source, (list, tuple)) and source:
+        first = source[0]
+        values = first.values() if isinstance(first, Mapping) else first if isinstance(first, (list, tuple)) else (first,)
+        return next((value for value in values if hasattr(value, "shape") and hasattr(value, "dtype")), source)  # a tensor or array
+    return source
+
+
 def _is_datasets_object(data: Any) -> bool:
     return type(data).__module__.split(".")[0] == "datasets"
 

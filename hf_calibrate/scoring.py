@@ -4,8 +4,8 @@ Each process adds its share of the samples to the two :class:`~hf_calibrate.metr
 (summed across processes when they are computed); a sample's bootstrap weights are keyed on its
 dataset index and the engine's seed, so results are the same on any number of processes and for any
 batch size. Map-style data are scored batch by batch (each process its strided share); a stream not
-read before is scored by one :meth:`~hf_calibrate.fitting.Engine.scan`, whose rows every process
-then holds, each adding every W-th of them (docs/design.md §3.0).
+read before is scored in one first pass, each process adding the samples it read (no exchange of
+logits: docs/design.md §3.0); kept base logits of a logit-space calibration need no data at all.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .backbones import Backbone
 from .calibrators import Calibrator
 from .data import CalibrationData, StreamedData
 from .fitting import Engine
+from .fitting.scan import scan_stream_locally
 from .fitting.faults import note_nonfinite_outputs
 from .metrics import CalibrationMetrics
 
@@ -41,21 +42,40 @@ class Scorer:
         return self.calibrator.input_perturbation is None and self.calibrator.head is None
 
 
-def score(scorer: Scorer, engine: Engine, data: CalibrationData, bins_and_replicates: Tuple[int, int],
+def score(scorer: Scorer, engine: Engine, data: Optional[CalibrationData], bins_and_replicates: Tuple[int, int],
           kept: Optional[Logits]) -> Accumulators:
     """(uncalibrated, calibrated) accumulators over ``data``, with (n_bins, bootstrap replicates) ``bins_and_replicates``.
 
     ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
-    pass; a logit-space calibration then loads no input at all.
+    pass; a logit-space calibration then needs no data at all (``data`` may be None).
     """
     accumulators = evaluation.accumulators(scorer.calibrator.num_classes, *bins_and_replicates, seed=engine.options.seed)
     if kept is not None:
         kept = (kept[0].to(engine.device), kept[1].to(engine.device))
-    if isinstance(data, StreamedData) and data.index is None:
+    streamed = data is None or (isinstance(data, StreamedData) and data.index is None)
+    if kept is not None and scorer.logit_space and streamed:
+        _score_kept(scorer, engine, accumulators, kept)
+    elif streamed:
         _score_stream(scorer, engine, data, accumulators, kept)
     else:
         _score_indexed(scorer, engine, data, accumulators, kept)
     return accumulators
+
+
+def _update(accumulators: Accumulators, base: torch.Tensor, calibrated: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> None:
+    """Add the samples ``indices`` (dataset indices: their bootstrap keys) with both sides' logits."""
+    for accumulator, logits in zip(accumulators, (base, calibrated)):
+        accumulator.update(logits, labels, sample_index=indices.tolist(), from_logits=True)
+
+
+def _score_kept(scorer: Scorer, engine: Engine, accumulators: Accumulators, kept: Logits) -> None:
+    """A logit-space calibration of a stream over kept base logits: each process adds every W-th sample at once (one
+    process: all of them in dataset order, as a stream's own pass adds them); no input is read."""
+    base, labels = kept
+    share = torch.arange(engine.rank, len(labels), engine.world, device=labels.device)
+    with engine.autocast():
+        calibrated = scorer.calibrator(base[share]).float()
+    _update(accumulators, base[share], calibrated, labels[share], share)
 
 
 def _check_kept(kept: Logits, count: int, data: CalibrationData) -> None:
@@ -81,34 +101,27 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
                 bad |= note_nonfinite_outputs(engine.faults, data, base_logits, micro, number, "logits")
                 bad |= note_nonfinite_outputs(engine.faults, data, calibrated_logits, micro, number, "calibrated logits")
                 if not bad:
-                    for accumulator, logits in zip(accumulators, (base_logits, calibrated_logits)):
-                        accumulator.update(logits, labels, sample_index=micro, from_logits=True)
+                    _update(accumulators, base_logits, calibrated_logits, labels, torch.as_tensor(micro))
             engine.sync_faults()
             bar.update(1)
 
 
 def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulators: Accumulators, kept: Optional[Logits]) -> None:
-    """A stream's first pass: both sides' logits of every sample (on every process), each process adding every W-th."""
+    """A stream's first pass: each process adds the samples it read, keyed by their dataset indices (no exchange)."""
     num_classes = scorer.calibrator.num_classes
-    if kept is not None and scorer.logit_space:
-        (base, labels), calibrated = kept, None  # no input is read at all
-    elif kept is not None:
-        calibrated, labels = engine.scan(data, lambda inputs: scorer.calibrated_logits(inputs).float(), num_classes=num_classes,
-                                         description="evaluating", what="calibrated logits")
-        _check_kept(kept, len(labels), data)
-        base = kept[0]
+    if kept is not None:
+        calibrated, labels, indices = scan_stream_locally(engine, data, lambda inputs: scorer.calibrated_logits(inputs).float(),
+                                                          num_classes=num_classes, description="evaluating")
+        _check_kept(kept, data.index.count, data)
+        base = kept[0][indices.to(kept[0].device)]
     else:
-        rows, labels = engine.scan(data, lambda inputs: _both_logits(scorer, inputs), num_classes=num_classes,
-                                   description="evaluating", what="logits (base or calibrated)")
+        rows, labels, indices = scan_stream_locally(engine, data, lambda inputs: _both_logits(scorer, inputs),
+                                                    num_classes=num_classes, description="evaluating")
         base, calibrated = rows[:, :num_classes], rows[:, num_classes:]
-    share = torch.arange(engine.rank, len(labels), engine.world, device=labels.device)
-    if calibrated is None:
-        with engine.autocast():
-            calibrated = scorer.calibrator(base[share]).float()
-    else:
-        calibrated = calibrated[share]
-    for accumulator, logits in zip(accumulators, (base[share], calibrated)):
-        accumulator.update(logits, labels[share], sample_index=share.tolist(), from_logits=True)
+    for side, logits in (("logits", base), ("calibrated logits", calibrated)):
+        note_nonfinite_outputs(engine.faults, data, logits, indices.tolist(), None, side)
+    engine.sync_faults()
+    _update(accumulators, base, calibrated, labels, indices)
 
 
 def _both_logits(scorer: Scorer, inputs: Dict[str, Any]) -> torch.Tensor:
@@ -137,7 +150,8 @@ def _kept_batches(
     engine: Engine, data: CalibrationData, batches: Sequence[torch.Tensor], labels: torch.Tensor
 ) -> Iterator[Tuple[int, Iterator[Tuple[List[int], None, torch.Tensor]]]]:
     """:meth:`Engine.batches`' plan over ``batches`` without loading any input: (global batch number, its local
-    micro-batches as (dataset indices, None, their labels from ``labels`` (N,)))."""
+    micro-batches as (dataset indices, None, their labels from ``labels`` (N,))), so that kept logits are added in
+    the micro-batches a pass over the data adds them in (the same float64 sums)."""
     for number, batch in enumerate(batches):
         micro_batches = engine.local_micro_batches(data, batch)
         yield number, iter([(micro, None, labels[torch.as_tensor(micro, device=labels.device)]) for micro in micro_batches])

@@ -7,7 +7,6 @@ documented error of a stream.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, List
 
 import pytest
@@ -18,7 +17,7 @@ import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
 from hf_calibrate.data import StreamIndex, prepare_data
-from hf_calibrate.data.stream import _row
+from hf_calibrate.data.stream import trim_right_padding
 from hf_calibrate.fitting import Engine, EngineOptions
 from hf_calibrate.metrics import NonFiniteError
 
@@ -60,11 +59,12 @@ def test_the_index_places_units_by_key_whoever_read_them():
         StreamIndex.gather(keys=[4, 4], sizes=[1, 1])
 
 
-def test_a_row_loses_only_right_padding():
-    inputs = {"input_ids": torch.tensor([[5, 6, 0, 0], [0, 0, 7, 8]]), "attention_mask": torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1]])}
-    right, left = _row((inputs, torch.tensor([1, 2])), 0), _row((inputs, torch.tensor([1, 2])), 1)
-    assert right["input_ids"].tolist() == [5, 6] and right["attention_mask"].tolist() == [1, 1] and int(right["labels"]) == 1
-    assert left["input_ids"].tolist() == [0, 0, 7, 8]  # left padding is the model's business: kept as it was
+def test_a_served_text_batch_loses_only_right_padding():
+    inputs = {"input_ids": torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])}
+    trimmed, _ = trim_right_padding((inputs, torch.tensor([1, 2])))
+    assert trimmed["input_ids"].tolist() == [[5, 6], [7, 0]] and trimmed["attention_mask"].tolist() == [[1, 1], [1, 0]]
+    left = {"input_ids": torch.tensor([[0, 0, 5, 6]]), "attention_mask": torch.tensor([[0, 0, 1, 1]])}
+    assert trim_right_padding((left, torch.tensor([1])))[0]["input_ids"].tolist() == [[0, 0, 5, 6]]  # the model's business
 
 
 def test_serving_a_plan_hands_over_each_micro_batch_in_plan_order(tiny):
@@ -79,23 +79,52 @@ def test_serving_a_plan_hands_over_each_micro_batch_in_plan_order(tiny):
         torch.testing.assert_close(adapt(model).logits(inputs), logits[indices], rtol=1e-5, atol=1e-6)  # other batch: float rounding
 
 
+def test_rows_past_spill_bytes_are_memory_mapped_bit_for_bit(tiny, tmp_path, monkeypatch):
+    from hf_calibrate.fitting import rows
+    from hf_calibrate.fitting.rows import RowBuffer
+
+    made = []
+    mkstemp = rows.tempfile.mkstemp
+    monkeypatch.setattr(rows.tempfile, "mkstemp", lambda **kwargs: made.append(kwargs["dir"]) or mkstemp(**kwargs))
+    model, batches = tiny
+    backbone = adapt(model)
+    for data in (lambda: iter(batches), tm.image_data(model, 96)):
+        want = _engine(batch_size=32).scan(prepare_data(data, backbone), backbone.logits)
+        got = _engine(batch_size=32, spill_bytes=0).scan(prepare_data(data, backbone), backbone.logits, spill_dir=str(tmp_path))
+        assert made.pop() == str(tmp_path)  # the rows went to a file there
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert list(tmp_path.iterdir()) == []  # mapped, then unlinked: nothing left in the folder
+    buffer = RowBuffer(spill_bytes=40, directory=tmp_path)
+    buffer.append(torch.ones(2, 3))
+    buffer.append(torch.full((3, 3), 2.0))  # past 40 bytes: to the file
+    assert len(list(tmp_path.iterdir())) == 1
+    buffer.close()  # a failed pass removes its file
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- passes over a stream
+
+
+def _counted(batches: List[Any], reads: List[int]):
+    """A callable returning a new iterator of ``batches``; each iterator that is read from adds 1 to ``reads``."""
+    def stream():
+        reads.append(1)
+        yield from batches
+
+    return stream
 
 
 def test_a_stream_larger_than_the_cache_is_read_once_per_pass(tiny):
     model, batches = tiny
     reads: List[int] = []
-
-    def stream():
-        reads.append(1)
-        return iter(batches)
+    stream = _counted(batches, reads)
 
     options = dict(method="neural_clamping", epochs=2, batch_size=32, holdout_fraction=0.25, eval_every=1, progress=False)
     kept = CalibratedModel.fit(model, stream, **options)
-    assert len(reads) == 2  # the probe of its first batch, the first pass; later passes read the kept batches
+    assert len(reads) == 2  # the probe of the first batch and the first pass; later passes read the batches it kept
     reads.clear()
     CalibratedModel.fit(model, stream, cache_bytes=20_000, **options)  # 96 samples of 3 KB: read for every pass
-    assert len(reads) == 1 + 1 + 2 * 2  # probe, first pass, per epoch one training and one held-out pass
+    assert len(reads) == 2 + 2 * 2  # probe, first pass, then per epoch one training and one held-out pass
     again = CalibratedModel.fit(model, stream, cache_bytes=20_000, **options)
     assert torch.equal(again.calibrator.delta, CalibratedModel.fit(model, stream, cache_bytes=20_000, **options).calibrator.delta)
     assert kept.fit_summary["holdout_samples"] == 24
@@ -103,17 +132,21 @@ def test_a_stream_larger_than_the_cache_is_read_once_per_pass(tiny):
 
 def test_a_stream_that_changes_between_passes_is_refused(tiny):
     model, batches = tiny
-    orders = itertools.count()
+    reads: List[int] = []
+    in_order = _counted(batches, reads)
 
-    def reshuffled():  # a loader that shuffles on its own
-        return iter(batches if next(orders) < 2 else batches[::-1])
+    def reshuffled():  # a loader that shuffles on its own: another order after the probe and the first pass
+        return in_order() if len(reads) < 2 else iter(batches[::-1])
 
     with pytest.raises(ValueError, match="other samples \\(or another order\\) on a later pass.*unshuffled"):
         CalibratedModel.fit(model, reshuffled, method="neural_clamping", epochs=1, cache_bytes=0, progress=False)
-    shrinking = iter([batches, batches, batches[:2]])
+    reads.clear()
+
+    def shrinking():  # ends early after the probe and the first pass
+        return in_order() if len(reads) < 2 else iter(batches[:2])
+
     with pytest.raises(RuntimeError, match="fewer samples in this pass than in the first"):
-        CalibratedModel.fit(model, lambda: iter(next(shrinking)), method="neural_clamping", epochs=1, holdout_fraction=0,
-                            cache_bytes=0, progress=False)
+        CalibratedModel.fit(model, shrinking, method="neural_clamping", epochs=1, holdout_fraction=0, cache_bytes=0, progress=False)
 
 
 def test_bad_inputs_in_a_stream_are_named_by_their_place_in_the_data(tiny):
@@ -164,7 +197,7 @@ def test_documented_stream_errors(tiny):
         CalibratedModel.fit(model, lambda: iter([]), **fit)
     with pytest.raises(ValueError, match="yielded nothing: it is empty, or a one-shot iterator"):
         CalibratedModel.fit(model, iter([]), **fit)
-    with pytest.raises(TypeError, match="did not give an iterator"):
+    with pytest.raises(TypeError, match="gave a int, not an iterator"):
         CalibratedModel.fit(model, lambda: 3, **fit)
     one_shot = (batch for batch in batches)
     CalibratedModel.fit(model, one_shot, **fit)  # one pass: fine
@@ -174,3 +207,116 @@ def test_documented_stream_errors(tiny):
         CalibratedModel.fit(model, (batch for batch in batches), method="neural_clamping", progress=False)
     samples = CalibratedModel.fit(model, Samples(batches), **fit)  # a sample stream is batched by the engine
     assert samples.provenance["num_samples"] == 96
+
+
+# ----------------------------------------------------------------------------- what users hold (review findings)
+
+
+class SelfIterating(IterableDataset):
+    """An IterableDataset that is its own iterator (as file, socket and queue readers often are): it can be read once."""
+
+    def __init__(self, batches):
+        self.batches = iter(batches)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.batches)
+
+
+def test_sources_that_give_one_iterator_lose_no_sample_to_the_probe(tiny):
+    model, batches = tiny
+    fixed = iter(batches)
+    for data in (SelfIterating(batches), DataLoader(SelfIterating(batches), batch_size=None), lambda: fixed):
+        fitted = CalibratedModel.fit(model, data, method="temperature", progress=False)
+        assert fitted.provenance["num_samples"] == 96, data
+        with pytest.raises(ValueError, match="can be read only once"):
+            CalibratedModel.fit(model, SelfIterating(batches), method="neural_clamping", progress=False)
+
+
+def test_a_source_that_refills_one_buffer_gives_the_fit_of_its_copies(tiny):
+    """A loader that copies each batch into the same preallocated tensors (pinned-memory style)."""
+    model, batches = tiny
+    inputs, labels = torch.empty(20, 3, 16, 16), torch.empty(20, dtype=torch.long)
+
+    def refilled():
+        for x, y in batches:
+            inputs[: len(y)].copy_(x), labels[: len(y)].copy_(y)
+            yield inputs[: len(y)], labels[: len(y)]
+
+    for method, options in (("temperature", {}), ("neural_clamping", dict(epochs=2, batch_size=32, holdout_fraction=0.25))):
+        for cache in ({}, {"cache_bytes": 0}):  # its batches kept, or read again for every pass
+            want = CalibratedModel.fit(model, batches, method=method, progress=False, **options, **cache)
+            got = CalibratedModel.fit(model, refilled, method=method, progress=False, **options, **cache)
+            for key, value in want.calibrator.state_dict().items():
+                assert torch.equal(got.calibrator.state_dict()[key], value), (method, cache, key)
+
+
+def test_a_text_stream_that_changes_its_tokens_or_swaps_rows_is_caught_on_a_later_pass(tiny):
+    model, data, tokenizer = tm.make_base("bert", n=48)
+    rows = [data[i] for i in range(48)]
+    batches = [{key: torch.stack([row[key] for row in rows[i : i + 12]]) for key in rows[0]} for i in range(0, 48, 12)]
+    reads: List[int] = []
+    in_order = _counted(batches, reads)
+
+    def changed(change):
+        return lambda: in_order() if len(reads) < 2 else iter([change(batch) if i == 1 else batch for i, batch in enumerate(batches)])
+
+    swapped = lambda batch: {key: value[[1, 0, *range(2, 12)]] for key, value in batch.items()}  # noqa: E731
+    other_token = lambda batch: {**batch, "input_ids": batch["input_ids"].clone().index_fill_(1, torch.tensor([1]), 2054)}  # noqa: E731
+    for change in (other_token, swapped):
+        reads.clear()
+        with pytest.raises(ValueError, match="other samples \\(or another order\\)"):
+            CalibratedModel.fit(model, changed(change), method="neural_clamping", epochs=1, batch_size=16, cache_bytes=0,
+                                progress=False)
+
+
+def test_batches_and_labels_as_users_hold_them(tiny):
+    import datasets
+
+    model, batches = tiny
+    fit = dict(method="temperature", progress=False)
+    want = CalibratedModel.fit(model, batches, **fit).calibrator.log_temperature
+    targets = [{"pixel_values": x, "target": y} for x, y in batches]
+    assert torch.equal(CalibratedModel.fit(model, targets, label_column="target", **fit).calibrator.log_temperature, want)
+    x, y = (torch.cat(parts) for parts in zip(*batches))
+    samples = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=None)  # a loader that does not batch
+    assert torch.equal(CalibratedModel.fit(model, samples, **fit).calibrator.log_temperature, want)
+    with pytest.raises(ValueError, match="labels must be a 1-D tensor"):
+        CalibratedModel.fit(model, torch.utils.data.TensorDataset(x, y[:, None]), **fit)
+    with pytest.raises(ValueError, match="holds 20 labels but 21 rows of 'pixel_values'"):
+        CalibratedModel.fit(model, [(torch.cat([x[:21]]), y[:20])], **fit)
+    resized = [batches[0], (torch.zeros(20, 3, 24, 24), batches[1][1])]
+    with pytest.raises(ValueError, match="differ in size: \\(3, 16, 16\\) and \\(3, 24, 24\\)"):
+        CalibratedModel.fit(model, resized, **fit)
+    unnamed = datasets.Dataset.from_dict({"pixel_values": x.numpy(), "label": y.tolist()})
+    with pytest.warns(UserWarning, match="records no features.*taken as the model's class indices"):
+        CalibratedModel.fit(model, unnamed.to_iterable_dataset().map(lambda row: row), **fit)
+
+
+def test_raw_text_batches_are_tokenized_with_the_models_tokenizer():
+    model, data, tokenizer = tm.make_base("bert", n=48)
+    texts, labels = tm.sentences(48), data.columns["labels"]
+    rows = datasets_rows = [{"text": text, "label": int(label)} for text, label in zip(texts, labels)]
+    batches = [{"text": texts[i : i + 16], "labels": labels[i : i + 16]} for i in range(0, 48, 16)]
+    options = dict(method="temperature", preprocessor=tokenizer, max_length=tm.MAX_LENGTH, progress=False)
+    want = CalibratedModel.fit(model, datasets_rows, **options)
+    got = CalibratedModel.fit(model, batches, **options)
+    assert torch.equal(got.calibrator.log_temperature, want.calibrator.log_temperature)
+    assert len(rows) == got.provenance["num_samples"]
+
+
+def test_one_shot_data_with_fit_and_evaluate_and_in_two_roles(tiny):
+    from hf_calibrate.modeling import fit_and_evaluate
+
+    model, batches = tiny
+    calibrated, evaluation = fit_and_evaluate(model, (batch for batch in batches), method="temperature", progress=False)
+    assert evaluation["uncalibrated"]["num_samples"] == 96 and evaluation["in_sample"]
+    with pytest.raises(ValueError, match="evaluating a 'tst' calibration on them reads them a second time"):
+        fit_and_evaluate(model, (batch for batch in batches), method="tst", progress=False)
+    shared = (batch for batch in batches)
+    with pytest.raises(ValueError, match="same one-shot iterator"):
+        CalibratedModel.fit(model, batches, method="tst", validation_data=shared, temperature_data=shared, temperature=True,
+                            progress=False)
+    assert CalibratedModel.fit(model, batches, method="temperature", progress=False).evaluate(batches, progress=False)["in_sample"]

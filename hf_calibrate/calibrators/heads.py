@@ -71,8 +71,9 @@ class HeadOptions:
             ``temperature_data`` that neither trained nor validated the head.
         holdout_fraction: share of the training data held out for validation when no
             ``validation_data`` is passed to ``fit`` (default 0.2).
-        feature_cache_dir: keep the cached features in safetensors shards in this folder
-            and stream them each epoch, for data larger than memory (default None: in memory).
+        feature_cache_dir: the folder for the features' memory-mapped file when they take more
+            than the fit's ``spill_bytes`` (default None: the system's temporary folder); the file
+            is removed from the folder as soon as it is mapped, so nothing is left there.
         classifier: name of the base's classifier layer the new head replaces (a name in
             ``model.named_modules()``, e.g. ``"head"``; default None: the one ``nn.Linear`` with
             one output per class, or the last of several, with a warning naming them).

@@ -48,7 +48,7 @@ def prepare_data(
     options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
     if _is_hf_dataset(data):
         return datasets_rows(data, backbone, options, cache_bytes)
-    source = source_of(data)
+    source = source_of(data, label_column)
     if source is not None:
         return streamed_data(data, source, backbone, options, cache_bytes)
     if isinstance(data, DataLoader):

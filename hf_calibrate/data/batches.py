@@ -8,7 +8,7 @@ model's own inputs are passed on (a ``text`` or ``idx`` column of pre-tokenized 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.data._utils.collate import default_collate
@@ -39,6 +39,12 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
             f"labels must be a 1-D tensor of integer class indices, got shape {tuple(labels.shape)} and dtype "
             f"{labels.dtype}."
         )
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and len(value) != len(labels):
+            raise ValueError(
+                f"a calibration batch holds {len(labels)} labels but {len(value)} rows of {key!r}; every input needs one "
+                "row per label."
+            )
     return dict(inputs), labels.long()
 
 
@@ -99,21 +105,69 @@ def collate_rows(rows: List[Mapping[str, Any]], pad_id: int = 0) -> Dict[str, An
     return batch
 
 
-def concat_batches(batches: List[Batch], pad_id: int) -> Batch:
-    """One batch of the samples of ``batches`` in order; token sequences padded on the right to the longest."""
-    if len(batches) == 1:
-        return batches[0]
-    inputs: Dict[str, Any] = {}
-    for key, first in batches[0][0].items():
-        values = [batch[0][key] for batch in batches]
-        if not isinstance(first, torch.Tensor):
-            inputs[key] = first
-            continue
-        if first.ndim == 2 and len({value.shape[1] for value in values}) > 1:
-            longest = max(value.shape[1] for value in values)
-            values = [torch.nn.functional.pad(value, (0, longest - value.shape[1]), value=_pad_value(key, pad_id)) for value in values]
-        inputs[key] = torch.cat(values)
-    return inputs, torch.cat([batch[1] for batch in batches])
+class BatchBuilder:
+    """Samples copied into one batch of ``size`` rows as they arrive, each sample copied once.
+
+    What it holds is its own copy, so a source that refills one buffer for every batch it hands
+    over does not change samples already taken. Token sequences of different lengths are padded
+    on the right (``pad_id`` for ``input_ids``, 0 otherwise); inputs of other differing shapes
+    are refused, naming both shapes.
+    """
+
+    def __init__(self, size: int, pad_id: int) -> None:
+        self.size, self.pad_id = size, pad_id
+        self.filled = 0
+        self._inputs: Dict[str, Any] = {}
+        self._labels: torch.Tensor | None = None
+
+    def add(self, batch: Batch, start: int, stop: int) -> None:
+        """Copy samples ``start`` to ``stop - 1`` of ``batch`` in after those already held."""
+        inputs, labels = batch
+        end = self.filled + stop - start
+        for key, value in inputs.items():
+            if not isinstance(value, torch.Tensor):
+                self._inputs.setdefault(key, value)
+                continue
+            target = self._room(key, value)
+            if _is_token_field(value):
+                target[self.filled : end, : value.shape[1]] = value[start:stop]
+            else:
+                target[self.filled : end] = value[start:stop]
+        if self._labels is None:
+            self._labels = torch.empty(self.size, dtype=labels.dtype, device=labels.device)
+        self._labels[self.filled : end] = labels[start:stop]
+        self.filled = end
+
+    def _room(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        """The batch tensor of ``key``, made (or widened, for longer token sequences) to take rows like ``value``."""
+        held = self._inputs.get(key)
+        if held is None and _is_token_field(value):  # shorter sequences leave padding behind them
+            held = torch.full((self.size, *value.shape[1:]), _pad_value(key, self.pad_id), dtype=value.dtype, device=value.device)
+        elif held is None:  # every row is written
+            held = torch.empty((self.size, *value.shape[1:]), dtype=value.dtype, device=value.device)
+        elif _is_token_field(value) and held.ndim == 2 and value.shape[1] > held.shape[1]:
+            wider = torch.full((self.size, value.shape[1]), _pad_value(key, self.pad_id), dtype=held.dtype, device=held.device)
+            wider[:, : held.shape[1]] = held
+            held = wider
+        elif held.shape[1:] != value.shape[1:] and not (_is_token_field(value) and held.ndim == 2):
+            raise ValueError(
+                f"the calibration samples differ in size: {tuple(held.shape[1:])} and {tuple(value.shape[1:])} for {key!r}. "
+                "A calibration holds at one input size; resize or crop them all to one size (the size you will run the model at)."
+            )
+        self._inputs[key] = held
+        return held
+
+    def take(self) -> Batch:
+        """The samples held, as one batch; the builder starts empty again."""
+        inputs = {key: value[: self.filled] if isinstance(value, torch.Tensor) else value for key, value in self._inputs.items()}
+        batch = (inputs, self._labels[: self.filled])
+        self.filled, self._inputs, self._labels = 0, {}, None
+        return batch
+
+
+def _is_token_field(value: torch.Tensor) -> bool:
+    """Token ids, masks, type ids: (n, length) integer tensors, padded on the right to join batches."""
+    return value.ndim == 2 and not value.is_floating_point()
 
 
 def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
@@ -122,12 +176,21 @@ def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
     return {key: value[start:stop] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}, labels[start:stop]
 
 
-def sample_collate(backbone: Backbone) -> Callable[[List[Any]], Batch]:
-    """Collate samples as the user holds them — dicts (transformers convention) or ``(input, label)`` pairs — into a batch."""
+def relabelled(row: Mapping[str, Any], column: Optional[str]) -> Mapping[str, Any]:
+    """A dict sample or batch with its labels under ``"labels"`` instead of ``column`` (unchanged without that column)."""
+    if not column or column not in row:
+        return row
+    return {key: value for key, value in row.items() if key != column} | {"labels": row[column]}
+
+
+def sample_collate(backbone: Backbone, label_column: Optional[str] = None) -> Callable[[List[Any]], Batch]:
+    """Collate samples as the user holds them — dicts (transformers convention; labels under ``label_column`` or the
+    usual keys) or ``(input, label)`` pairs — into a batch."""
     pad_id = pad_token_id(backbone)
 
     def collate(items: List[Any]) -> Batch:
         if isinstance(items[0], Mapping):
+            items = [relabelled(item, label_column) for item in items]
             return split_batch(collate_rows(model_fields(items, backbone), pad_id), backbone)
         _check_same_input_size(items)
         return split_batch(default_collate(items), backbone)

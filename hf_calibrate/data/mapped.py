@@ -100,10 +100,13 @@ def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_byte
 
 
 def loader_samples(loader: DataLoader, backbone: Backbone) -> PreparedData:
-    """A batching ``DataLoader`` over a map-style dataset: its dataset and collate, batched by our own indices."""
+    """A ``DataLoader`` over a map-style dataset of samples: its dataset and collate (ours when it does not batch),
+    batched by our own indices."""
+    description = f"DataLoader({type(loader.dataset).__name__}, {len(loader.dataset)} samples)"
+    if loader.batch_size is None and loader.batch_sampler is None:  # its collate_fn only converts single samples
+        return PreparedData(loader.dataset, sample_collate(backbone), description)
     collate = loader.collate_fn or default_collate
-    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone),
-                        f"DataLoader({type(loader.dataset).__name__}, {len(loader.dataset)} samples)")
+    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone), description)
 
 
 def map_style_samples(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
@@ -117,4 +120,4 @@ def map_style_samples(data: Any, backbone: Backbone, options: RowOptions, cache_
                             description, preprocessed_here=True)
     if options.preprocess is not None:
         data = CachedItems(data, options.preprocess, cache_bytes)
-    return PreparedData(data, sample_collate(backbone), description)
+    return PreparedData(data, sample_collate(backbone, options.label_column), description)

@@ -36,21 +36,20 @@ SHARD_SHIFT = 40
 Unit = Tuple[int, Any]  # (key, a batch as the source gave it, or a list of its samples)
 
 
-def labels_of(element: Any) -> Any:
-    """The labels of a batch or a sample as the user holds it: a dict's label key, or a pair's second item (else None)."""
+def labels_of(element: Any, label_column: Optional[str] = None) -> Any:
+    """The labels of a batch or a sample as the user holds it: a dict's label key (``label_column``, else the usual
+    ones), or a pair's second item (else None)."""
     if isinstance(element, Mapping):
-        return next((element[key] for key in LABEL_KEYS if key in element), None)
+        return next((element[key] for key in (label_column, *LABEL_KEYS) if key is not None and key in element), None)
     if isinstance(element, (tuple, list)) and len(element) == 2:
         return element[1]
     return None
 
 
-def is_batch(element: Any) -> bool:
-    """Whether ``element`` is a batch (its labels hold several values: a 1-D tensor, array or list), not one sample."""
-    labels = labels_of(element)
-    if isinstance(labels, (list, tuple)):
-        return True
-    return getattr(labels, "ndim", 0) >= 1
+def is_batch(element: Any, label_column: Optional[str] = None) -> bool:
+    """Whether ``element`` is a batch, not one sample: its labels hold several values (a 1-D tensor, array or list)."""
+    labels = labels_of(element, label_column)
+    return isinstance(labels, (list, tuple)) or getattr(labels, "ndim", 0) >= 1
 
 
 class UnitSource:
@@ -179,11 +178,33 @@ class HFIterableRows(UnitSource):
 
     def units(self, rank: int, world: int) -> Iterator[Unit]:
         shards = int(self.dataset.num_shards)
-        if world == 1 or shards < world:
+        if world == 1 or shards < world or not _reads_shard_by_shard(self.dataset):
             yield from _chunks(self.dataset, 0, rank, world)
             return
         for shard in range(rank, shards, world):
             yield from _chunks(self.dataset.shard(num_shards=shards, index=shard, contiguous=True), shard, 0, 1)
+
+
+#: ``datasets`` example iterables that act row by row within a shard: reading a dataset made of only these shard by
+#: shard gives its rows in its own order. ``take``, ``skip``, ``shuffle``, interleaving and the like do not.
+_ROW_BY_ROW = {
+    "ArrowExamplesIterable", "ExamplesIterable", "RebatchedArrowExamplesIterable", "MappedExamplesIterable",
+    "FilteredExamplesIterable", "FormattedExamplesIterable", "SelectColumnsIterable",
+}
+
+
+def _reads_shard_by_shard(dataset: Any) -> bool:
+    """Whether the shards of a ``datasets.IterableDataset``, read one after the other, give its own rows in its own order.
+
+    It looks at the dataset's chain of example iterables (a private attribute of ``datasets``); anything it does not
+    know as row-by-row, or cannot see, answers False, and every process then reads the whole stream.
+    """
+    iterable = getattr(dataset, "_ex_iterable", None)
+    while iterable is not None:
+        if type(iterable).__name__ not in _ROW_BY_ROW:
+            return False
+        iterable = getattr(iterable, "ex_iterable", None)
+    return getattr(dataset, "_ex_iterable", None) is not None
 
 
 def _chunks(rows: Iterable[Any], shard: int, rank: int, world: int) -> Iterator[Unit]:
@@ -205,40 +226,79 @@ def is_one_shot(data: Any) -> bool:
         return False
 
 
-def source_of(data: Any) -> Optional[UnitSource]:
+def source_of(data: Any, label_column: Optional[str] = None) -> Optional[UnitSource]:
     """The :class:`UnitSource` of ``data`` when it is a stream or holds batches; None for map-style samples.
 
     Streams: a ``DataLoader`` whose dataset is iterable or that does not batch (``batch_size=None``),
     a torch or ``datasets`` ``IterableDataset``, a callable returning an iterator, any iterator,
     and a list or map-style dataset whose items are whole batches.
     """
+    _refuse_pre_split(data)
     if _is_hf_iterable(data):
         return HFIterableRows(data)
     if isinstance(data, DataLoader):
-        return _loader_source(data)
-    if isinstance(data, IterableDataset):
-        return _iterable_source(lambda: iter(data), probe=data)
+        return _loader_source(data, label_column)
     if isinstance(data, (Mapping, str, bytes)):
         return None
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        return SequenceOfBatches(data) if len(data) and is_batch(data[0]) else None
+    if isinstance(data, (list, tuple)):  # a torch map-style Dataset holds samples, as a DataLoader reads it
+        return SequenceOfBatches(data) if len(data) and is_batch(data[0], label_column) else None
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, IterableDataset):
+        return None
     if callable(data) and not isinstance(data, type):
-        return _iterable_source(data, probe=data)
+        return _callable_source(data, label_column)
     if is_one_shot(data):
-        return _one_shot_source(data)
+        return _one_shot_source(lambda: data, data, label_column)
     if isinstance(data, Iterable):
-        return _iterable_source(lambda: iter(data), probe=data)
+        return _iterable_source(lambda: iter(data), data, label_column)
     return None
 
 
-def _loader_source(loader: DataLoader) -> Optional[UnitSource]:
-    batches_items = loader.batch_size is None and loader.batch_sampler is None
+def _loader_source(loader: DataLoader, label_column: Optional[str]) -> Optional[UnitSource]:
+    """A loader over an iterable dataset, or one that hands over its dataset's items as they are, when they are batches."""
     if isinstance(loader.dataset, IterableDataset):
-        return _iterable_source(lambda: iter(loader), probe=loader)
-    return LoaderOfBatches(loader) if batches_items else None
+        if is_one_shot(loader.dataset):  # every pass of the loader would take up the one iterator the dataset is
+            return _one_shot_source(lambda: iter(loader), loader, label_column)
+        return _iterable_source(lambda: iter(loader), loader, label_column)
+    if loader.batch_size is not None or loader.batch_sampler is not None or not len(loader.dataset):
+        return None
+    first = next(iter(loader))
+    if not is_batch(first, label_column):
+        return None  # its items are samples: batched by index like any map-style data
+    source = LoaderOfBatches(loader)
+    source._first = first
+    return source
 
 
-def _iterable_source(make_iterator: Callable[[], Iterator[Any]], *, probe: Any) -> IterableUnits:
+def _callable_source(make_iterator: Callable[[], Iterator[Any]], label_column: Optional[str]) -> IterableUnits:
+    """A callable's source: re-iterable when each call gives a new iterator, one-shot when it gives the same one."""
+    first = make_iterator()
+    if not isinstance(first, Iterable):
+        raise TypeError(f"calling the calibration data ({type(make_iterator).__name__}) gave a {type(first).__name__}, "
+                        "not an iterator: pass a callable that returns a new iterator of batches each time it is called.")
+    if not isinstance(first, Iterator):
+        return _iterable_source(lambda: iter(make_iterator()), make_iterator, label_column)
+    if make_iterator() is first:
+        return _one_shot_source(lambda: first, make_iterator, label_column)
+    return _iterable_source(make_iterator, make_iterator, label_column)
+
+
+def _refuse_pre_split(data: Any) -> None:
+    """Refuse data some other code already split between processes: the fit reads each process's own part itself."""
+    split = getattr(data, "_distributed", None) is not None and _is_hf_iterable(data)
+    prepared = type(data).__name__ in ("DataLoaderShard", "DataLoaderDispatcher") and not _indexable(getattr(data, "dataset", None))
+    if split or prepared:
+        raise ValueError(
+            "these data are already split between processes (datasets' split_dataset_by_node, or an iterable loader "
+            "passed through accelerator.prepare), so each process holds only part of them. Pass the whole data on every "
+            "process: the fit gives each process its own part itself, and the results are then those of one process."
+        )
+
+
+def _indexable(dataset: Any) -> bool:
+    return dataset is not None and hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset)
+
+
+def _iterable_source(make_iterator: Callable[[], Iterator[Any]], probe: Any, label_column: Optional[str]) -> IterableUnits:
     """A re-iterable source whose units are batches or sample chunks, as its first element shows."""
     try:
         first = next(iter(make_iterator()))
@@ -246,19 +306,20 @@ def _iterable_source(make_iterator: Callable[[], Iterator[Any]], *, probe: Any) 
         raise ValueError(f"the calibration data ({type(probe).__name__}) yielded nothing: at least one labelled sample is needed.") from None
     except TypeError as error:
         raise TypeError(f"calling the calibration data ({type(probe).__name__}) did not give an iterator: {error}") from None
-    source = IterableUnits(make_iterator, reiterable=True, of_samples=not is_batch(first))
+    source = IterableUnits(make_iterator, reiterable=True, of_samples=not is_batch(first, label_column))
     source._first = first
     return source
 
 
-def _one_shot_source(iterator: Iterator[Any]) -> IterableUnits:
-    """The source of a one-shot iterator; its first element is read now (and handed back at the one pass)."""
+def _one_shot_source(get_iterator: Callable[[], Iterator[Any]], data: Any, label_column: Optional[str]) -> IterableUnits:
+    """The source of data that give one iterator only; its first element is read now (and handed back at the one pass)."""
+    iterator = get_iterator()
     source = IterableUnits(lambda: iterator, reiterable=False, of_samples=False)
     try:
-        source.of_samples = not is_batch(source.first())
+        source.of_samples = not is_batch(source.first(), label_column)
     except StopIteration:
         raise ValueError(
-            f"the calibration data ({type(iterator).__name__}) yielded nothing: it is empty, or a one-shot iterator that an "
+            f"the calibration data ({type(data).__name__}) yielded nothing: it is empty, or a one-shot iterator that an "
             "earlier call already read. Pass a callable that returns a new iterator, or a re-iterable."
         ) from None
     return source

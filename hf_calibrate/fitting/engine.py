@@ -29,6 +29,7 @@ from ..data import DEFAULT_CACHE_BYTES, CalibrationData, StreamedData
 from ..metrics._checks import check_labels
 from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
 from .kept_logits import KeptLogits
+from .rows import DEFAULT_SPILL_BYTES, RowBuffer
 from .scan import scan_stream
 
 MIXED_PRECISION = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,6 +61,9 @@ class EngineOptions:
         cache_bytes: preprocessed inputs kept in memory for a fit's later passes, in bytes over
             all processes (default 2 GiB). A stream whose inputs take more is read again for each
             pass, and shuffled within blocks of samples taking about this much (docs/design.md §3.0).
+        spill_bytes: logits or features a pass collects (float32, one row per sample) beyond this
+            many bytes go to a memory-mapped temporary file instead of memory (default 4 GiB;
+            :mod:`hf_calibrate.fitting.rows`).
     """
 
     batch_size: int = 1000
@@ -76,6 +80,7 @@ class EngineOptions:
     label_column: Optional[str] = None
     max_length: Optional[int] = None
     cache_bytes: int = DEFAULT_CACHE_BYTES
+    spill_bytes: int = DEFAULT_SPILL_BYTES
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -85,6 +90,7 @@ class EngineOptions:
         require(self.num_workers >= 0, "num_workers", self.num_workers, "an integer >= 0")
         require(self.max_length is None or self.max_length >= 1, "max_length", self.max_length, "a positive integer or None")
         require(self.cache_bytes >= 0, "cache_bytes", self.cache_bytes, "a number of bytes >= 0")
+        require(self.spill_bytes >= 0, "spill_bytes", self.spill_bytes, "a number of bytes >= 0")
         require(self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION, "mixed_precision",
                 self.mixed_precision, f"one of {list(MIXED_PRECISION)} or None")
 
@@ -148,8 +154,8 @@ class Engine:
         return permutation[holdout:].sort().values, permutation[:holdout].sort().values
 
     def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0, block: Optional[int] = None) -> List[torch.Tensor]:
-        """Batches of ``batch_size`` indices (seeded shuffle); a last batch smaller than the
-        number of processes joins the one before, so every process gets part of every batch.
+        """Batches of ``batch_size`` indices (seeded shuffle), the same for any number of processes (a
+        process with no sample of a batch still takes part in its collectives).
 
         ``block`` (a stream's ``shuffle_block``): the shuffle permutes consecutive blocks of that
         many indices one by one, so that a pass over a stream holds about one block; the same
@@ -159,10 +165,7 @@ class Engine:
             raise ValueError(f"{len(indices)} samples cannot be shared by {self.world} processes; use more data.")
         if shuffle:
             indices = self._shuffled(indices, epoch, block)
-        batches = list(indices.split(self.options.batch_size))
-        if len(batches) > 1 and len(batches[-1]) < self.world:
-            batches[-2:] = [torch.cat(batches[-2:])]
-        return batches
+        return list(indices.split(self.options.batch_size))
 
     def _shuffled(self, indices: torch.Tensor, epoch: int, block: Optional[int]) -> torch.Tensor:
         if block is None or len(indices) <= block:
@@ -262,18 +265,28 @@ class Engine:
         description: str = "forward pass",
         what: str = "logits",
         keep_inputs: bool = False,
+        spill_dir: Optional[str] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(``compute(inputs)`` rows (N, K) float32, labels (N,)) of every sample of ``data``, in dataset order, on every process.
 
         The first pass over a stream reads each process's own units once and indexes the stream
         (:mod:`hf_calibrate.fitting.scan`); ``keep_inputs`` keeps its units in memory for later passes
         when they fit. Otherwise (map-style data, a stream already indexed) this is :meth:`stream` over all.
+        Rows beyond ``spill_bytes`` are a memory-mapped file's, made in ``spill_dir`` (default: the temp folder).
         """
         if isinstance(data, StreamedData) and data.index is None:
             return scan_stream(self, data, compute, num_classes=num_classes, description=description, what=what,
-                               keep_inputs=keep_inputs)
-        parts = list(self.stream(data, torch.arange(len(data)), compute, num_classes=num_classes, description=description, what=what))
-        return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
+                               keep_inputs=keep_inputs, spill_dir=spill_dir)
+        buffer, labels = RowBuffer(self.options.spill_bytes, spill_dir, self.device), []
+        try:
+            for rows, part_labels in self.stream(data, torch.arange(len(data)), compute, num_classes=num_classes,
+                                                 description=description, what=what):
+                buffer.append(rows)
+                labels.append(part_labels)
+            return buffer.finish(), torch.cat(labels)
+        except BaseException:
+            buffer.close()
+            raise
 
     def collect_logits(
         self,

@@ -82,7 +82,7 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int], number: int) -> Inputs:
+def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int], number: Optional[int]) -> Inputs:
     """Note floating inputs holding NaN or ±inf (integer token ids and masks are skipped); return them neutralised.
 
     ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
@@ -96,24 +96,30 @@ def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: In
     return checked
 
 
-def nonfinite_inputs_message(data: CalibrationData, key: str, number: int) -> str:
+def _where(number: Optional[int]) -> str:
+    """Where bad samples are: positions in the data, and the global batch of a pass over indexed data (None: a
+    stream's first pass, whose batches are each process's own)."""
+    return "positions in that data" + (f"; batch {number}" if number is not None else "")
+
+
+def nonfinite_inputs_message(data: CalibrationData, key: str, number: Optional[int]) -> str:
     return (
         f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {data.description} "
-        f"(positions in that data; batch {number}). Calibrating or evaluating on them would give wrong "
+        f"({_where(number)}). Calibrating or evaluating on them would give wrong "
         "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
     )
 
 
-def nonfinite_outputs_message(data: CalibrationData, number: int, what: str) -> str:
+def nonfinite_outputs_message(data: CalibrationData, number: Optional[int], what: str) -> str:
     source = "the calibrated model" if what.startswith("calibrated") else "the base model"
     return (
         f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {data.description} "
-        f"(positions in that data; batch {number}), although their inputs are finite. "
+        f"({_where(number)}), although their inputs are finite. "
         "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
     )
 
 
-def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, number: int, what: str) -> None:
+def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, number: Optional[int], what: str) -> None:
     """Raise :class:`NonFiniteError` when gathered model outputs (``what``: logits, features) hold NaN or ±inf.
 
     ``rows`` are the same on every process (gathered), so every process raises alike.

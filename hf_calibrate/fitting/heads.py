@@ -1,10 +1,11 @@
 """Head retraining on frozen features: one backbone pass per split, then cheap head epochs.
 
 Features (the input of the base's classifier layer) are computed once per split under
-``torch.no_grad()`` and kept in a :class:`FeatureStore` — in memory, or in safetensors
-shards on disk (``feature_cache_dir``) streamed shard by shard each epoch for data larger
-than memory. Every process receives every feature row and trains the (small) head
-identically; the main process's head is broadcast at the end.
+``torch.no_grad()`` — one pass over the training data, whose held-out part is then split off —
+and kept in a :class:`FeatureStore`: in memory, or past the engine's ``spill_bytes`` in a
+memory-mapped file (made in ``feature_cache_dir``, or the temp folder) read batch by batch each
+epoch, for features larger than memory. Every process receives every feature row and trains the
+(small) head identically; the main process's head is broadcast at the end.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from .. import _distributed
 from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
@@ -27,78 +26,33 @@ from ..data import CalibrationData
 from ..metrics import calibration_report
 from .engine import Engine
 
-SHARD_ROWS = 1 << 15
-
-
 class FeatureStore:
-    """Feature rows (N, d) and labels (N,), in memory or as safetensors shards in ``directory``."""
+    """Training features: rows (N, d) — in memory or memory-mapped (:mod:`hf_calibrate.fitting.rows`) — and their
+    labels (N,), seen through ``indices`` (default: every row)."""
 
-    def __init__(self, directory: Optional[str | Path] = None, shard_rows: int = SHARD_ROWS) -> None:
-        self.directory = Path(directory) if directory is not None else None
-        self.shard_rows = shard_rows
-        self._shards: List[Any] = []  # (features, labels) tensors, or file paths on disk
-        self._buffer: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._buffered = 0
-        self.count = 0
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, indices: Optional[torch.Tensor] = None) -> None:
+        self.features, self.labels = features, labels
+        self.indices = torch.arange(len(labels)) if indices is None else indices.cpu()
 
     def __len__(self) -> int:
-        return self.count
-
-    def append(self, features: torch.Tensor, labels: torch.Tensor) -> None:
-        self._buffer.append((features.detach().cpu(), labels.detach().cpu()))
-        self._buffered += len(labels)
-        self.count += len(labels)
-        if self._buffered >= self.shard_rows:
-            self._flush()
-
-    def finish(self) -> "FeatureStore":
-        if self._buffer:
-            self._flush()
-        return self
-
-    def _flush(self) -> None:
-        features = torch.cat([part[0] for part in self._buffer])
-        labels = torch.cat([part[1] for part in self._buffer])
-        self._buffer, self._buffered = [], 0
-        if self.directory is None:
-            self._shards.append((features, labels))
-            return
-        path = self.directory / f"features-{len(self._shards):05d}.safetensors"
-        if _distributed.rank() == 0:
-            save_file({"features": features.contiguous(), "labels": labels.contiguous()}, str(path))
-        self._shards.append(path)
-
-    def _shard(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        shard = self._shards[index]
-        if isinstance(shard, Path):
-            tensors = load_file(str(shard))
-            return tensors["features"], tensors["labels"]
-        return shard
+        return len(self.indices)
 
     def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Shuffled batches: shard order and rows within each shard permuted."""
-        for index in torch.randperm(len(self._shards), generator=generator).tolist():
-            features, labels = self._shard(index)
-            order = torch.randperm(len(labels), generator=generator)
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                yield features[rows], labels[rows]
-
-    def tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Every row at once (for validation-sized splits)."""
-        parts = [self._shard(index) for index in range(len(self._shards))]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        """Every row once, in a new random order each call, ``batch_size`` rows at a time (read in file order within a batch)."""
+        order = self.indices[torch.randperm(len(self.indices), generator=generator)]
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size].sort().values
+            yield self.features[rows.to(self.features.device)], self.labels[rows.to(self.labels.device)]
 
 
 def collect_features(
-    backbone: Backbone, data: CalibrationData, engine: Engine, *, description: str
+    backbone: Backbone, data: CalibrationData, engine: Engine, *, description: str, directory: Optional[Path] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One no-grad pass over all of ``data``: its classifier-layer inputs (N, d) float32 and labels (N,), in dataset order.
 
-    When the engine keeps the base logits of ``data`` (``engine.kept_logits``), the logits the
-    pass computes anyway are kept too.
+    Features beyond the engine's ``spill_bytes`` are memory-mapped from a file made in ``directory``
+    (default: the temp folder). When the engine keeps the base logits of ``data``
+    (``engine.kept_logits``), the logits the pass computes anyway are kept too.
     """
     keep = engine.kept_logits is not None and engine.kept_logits.wants(data)
     width = _feature_dim(backbone) if keep else None  # the features' columns of a row
@@ -110,21 +64,13 @@ def collect_features(
         return torch.cat([features.float(), logits.float()], dim=1) if keep else features
 
     rows, labels = engine.scan(
-        data, compute, num_classes=backbone.num_classes, description=description,
+        data, compute, num_classes=backbone.num_classes, description=description, spill_dir=directory,
         what="features (the input of its classifier layer)" + (" or logits" if keep else ""),
     )
     if keep:  # a copy of the logits columns, so that the features' rows are not held
         engine.kept_logits.add(data, torch.arange(len(labels)), rows[:, width:].clone(), labels)
         rows = rows[:, :width]
     return rows, labels
-
-
-def _store(features: torch.Tensor, labels: torch.Tensor, directory: Optional[Path]) -> FeatureStore:
-    """The training rows in a :class:`FeatureStore` (in memory, or safetensors shards in ``directory``)."""
-    store = FeatureStore(directory)
-    for start in range(0, len(labels), SHARD_ROWS):
-        store.append(features[start : start + SHARD_ROWS], labels[start : start + SHARD_ROWS])
-    return store.finish()
 
 
 def _feature_dim(backbone: Backbone) -> int:
@@ -159,18 +105,15 @@ def fit_head(
     cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
     if validation is None and options.holdout_fraction == 0:
         raise ValueError(f"{calibrator.method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
-    features, labels = collect_features(backbone, train, engine, description="features (train)")
+    features, labels = collect_features(backbone, train, engine, description="features (train)", directory=cache)
     if validation is None:
-        train_indices, validation_indices = (part.to(features.device) for part in engine.split_indices(len(train), options.holdout_fraction))
+        train_indices, validation_indices = engine.split_indices(len(train), options.holdout_fraction)
         validation = train
-        val_features, val_labels = features[validation_indices], labels[validation_indices]
-        features, labels = features[train_indices], labels[train_indices]
+        val_features, val_labels = (tensor[validation_indices.to(tensor.device)].to(engine.device) for tensor in (features, labels))
     else:
-        val_features, val_labels = collect_features(backbone, validation, engine, description="features (validation)")
-    train_store = _store(features, labels, cache and cache / "train")
-    del features, labels
-    if cache is not None and engine.world > 1:
-        engine.accelerator.wait_for_everyone()  # shards written by the main process
+        train_indices = None
+        val_features, val_labels = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
+    train_store = FeatureStore(features, labels, train_indices)
     calibrator.classifier = backbone.classifier_name
     generator = _prepare_head(backbone, calibrator, options, engine)
     history, best_epoch, best_nll = _train_head(calibrator, train_store, (val_features, val_labels), generator, options, engine)

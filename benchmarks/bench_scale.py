@@ -1,0 +1,229 @@
+"""Streams at scale: memory against N, and throughput against a bare loop (docs/design.md §3.0).
+
+The calibration set is a stream: a torch ``IterableDataset`` that generates N seeded synthetic
+3×16×16 images in batches of 256, labelled by sampling the model's sharpened softmax (the same
+samples on every pass), handed over as ``DataLoader(stream, batch_size=None)``. The model is one
+linear layer over the pixels (10 classes), so that the data path — ours and the loader's —
+dominates, not the model.
+
+* **Memory.** For N = 25k, 50k, 100k and 200k, each stage runs in a fresh process; a thread samples
+  the process's resident memory every 2 ms, and the table shows the peak during the stage above the
+  resident memory just before it (imports, model and loader done). Stages: *logits* (one scan,
+  ``Engine.collect_logits``), *temperature* (``CalibratedModel.fit(method="temperature")``) and
+  *NC, 2 epochs* (``method="neural_clamping", epochs=2``, ``cache_bytes`` 64 MiB: the 3 KB images
+  of N ≥ 25k do not fit, so every pass reads the stream again, shuffled within blocks). The slope
+  of a least-squares line through the four points is the memory that grows per sample; the logits
+  themselves are 40 bytes per sample (10 float32), held at most a few times while they are gathered.
+* **Throughput.** In one process, interleaved rounds of a bare loop over the same loader (the
+  model's forward pass under ``no_grad``, outputs discarded) and of the logits scan; the ratio of
+  their medians is the scan's throughput relative to the bare loop (target ≥ 0.9×).
+
+Usage::
+
+    python benchmarks/bench_scale.py           # writes benchmarks/results/scale.md
+    python benchmarks/bench_scale.py --quick   # small N, prints only
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+
+NAME = "scale"
+CLASSES, IMAGE, BATCH = 10, (3, 16, 16), 256
+CACHE_BYTES = 64 << 20
+SIZES, QUICK_SIZES = (25_000, 50_000, 100_000, 200_000), (2_000, 4_000)
+THROUGHPUT_N, QUICK_THROUGHPUT_N = 100_000, 4_000
+STAGES = ("logits", "temperature", "nc")
+TARGET = 0.9
+
+
+class SyntheticStream(IterableDataset):
+    """N seeded synthetic images in batches of BATCH, labelled by sampling softmax(2 · the model's logits) (an
+    informative, under-confident model); every pass gives the same samples."""
+
+    def __init__(self, count: int, net: nn.Module) -> None:
+        self.count, self.layer = count, net[1]
+
+    @torch.no_grad()
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        for start in range(0, self.count, BATCH):
+            size = min(BATCH, self.count - start)
+            pixels = torch.randn(size, *IMAGE, generator=generator)
+            scores = 2 * self.layer(pixels.flatten(1)) - torch.log(-torch.log(torch.rand(size, CLASSES, generator=generator)))
+            yield pixels, scores.argmax(dim=1)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(IMAGE[0] * IMAGE[1] * IMAGE[2], CLASSES)).eval()
+
+
+def stream(count: int) -> Tuple[nn.Module, DataLoader]:
+    """(the model, a loader handing over the stream's batches as they are)."""
+    net = model()
+    return net, DataLoader(SyntheticStream(count, net), batch_size=None)
+
+
+def stage_runner(stage: str, count: int) -> Callable[[], Any]:
+    """The work of one stage over a stream of ``count`` samples (imports done here, before it runs)."""
+    from hf_calibrate import CalibratedModel
+    from hf_calibrate.backbones import adapt
+    from hf_calibrate.data import prepare_data
+    from hf_calibrate.fitting import Engine, EngineOptions
+
+    net, loader = stream(count)
+    if stage == "logits":
+        engine, backbone = Engine(EngineOptions(progress=False)), adapt(net)
+        return lambda: engine.collect_logits(backbone, prepare_data(loader, backbone))
+    if stage == "temperature":
+        return lambda: CalibratedModel.fit(net, loader, method="temperature", progress=False)
+    return lambda: CalibratedModel.fit(net, loader, method="neural_clamping", epochs=2, cache_bytes=CACHE_BYTES, progress=False)
+
+
+# ----------------------------------------------------------------------------- memory, one process per point
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakSampler:
+    """The highest resident memory seen by a thread reading it every 2 ms, while in the ``with`` block."""
+
+    def __init__(self) -> None:
+        self.peak, self._done = resident_bytes(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, resident_bytes())
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, resident_bytes())
+
+
+def measure_point(stage: str, count: int) -> Dict[str, float]:
+    """Run one stage once (after a warm-up on a small stream) and return its memory and time."""
+    stage_runner(stage, 1_000)()  # first calls import and initialise what they need
+    run = stage_runner(stage, count)
+    before = resident_bytes()
+    started = time.perf_counter()
+    with PeakSampler() as sampler:
+        run()
+    return {"before": before, "peak": sampler.peak, "seconds": time.perf_counter() - started}
+
+
+def memory_table(sizes: Sequence[int], threads: int) -> Dict[str, Dict[int, Dict[str, float]]]:
+    """{stage: {N: point}}, each point measured in a fresh interpreter."""
+    results: Dict[str, Dict[int, Dict[str, float]]] = {stage: {} for stage in STAGES}
+    for stage in STAGES:
+        for count in sizes:
+            command = [sys.executable, __file__, "--measure", stage, str(count), "--threads", str(threads)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            results[stage][count] = json.loads(output.strip().splitlines()[-1])
+            print(f"scale: {stage} N={count:,} done", file=sys.stderr, flush=True)
+    return results
+
+
+def slope(points: Dict[int, Dict[str, float]]) -> float:
+    """Least-squares bytes per sample of (peak − before) against N."""
+    xs = list(points)
+    ys = [points[x]["peak"] - points[x]["before"] for x in xs]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+
+
+# ----------------------------------------------------------------------------- throughput, one process
+
+
+def throughput(count: int, rounds: int) -> Tuple[_report.Timing, _report.Timing, _report.Timing]:
+    """(bare loop, logits scan, loader alone) timings over the same stream of ``count`` samples, interleaved."""
+    net, loader = stream(count)
+    scan = stage_runner("logits", count)
+
+    def bare() -> None:
+        with torch.no_grad():
+            for inputs, _ in loader:
+                net(inputs)
+
+    def loader_only() -> None:
+        for _ in loader:
+            pass
+
+    timings = _report.interleaved({"bare": bare, "scan": scan, "loader": loader_only}, rounds, warmup=1, progress="throughput")
+    return timings["bare"], timings["scan"], timings["loader"]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(session: _report.Session, memory: Dict[str, Dict[int, Dict[str, float]]], timings, count: int) -> str:
+    bare, scan, loader = timings
+    sizes = list(memory["logits"])
+    rows = [(f"{n:,}", *(_report.fmt_bytes(memory[stage][n]["peak"] - memory[stage][n]["before"]) for stage in STAGES),
+             f"{memory['nc'][n]['seconds']:.1f}") for n in sizes]
+    slopes = [(stage, f"{slope(memory[stage]):.0f}") for stage in STAGES]
+    ratio = bare.median / scan.median
+    lines = [
+        *session.header("Streams at scale: memory against N, throughput against a bare loop", ("torch",)),
+        f"## Peak memory above the start of the stage (streamed {IMAGE[0]}×{IMAGE[1]}×{IMAGE[2]} images, batches of {BATCH}, "
+        f"{CLASSES} classes, one linear layer)",
+        "",
+        *_report.table(("N", "logits scan", "temperature fit", "NC, 2 epochs", "NC seconds"), rows, "rrrrr"),
+        "",
+        *_report.table(("stage", "bytes per sample (slope over N)"), slopes, "lr"),
+        "",
+        f"The logits are {CLASSES * 4} bytes per sample; the inputs {IMAGE[0] * IMAGE[1] * IMAGE[2] * 4:,} bytes per sample "
+        f"(NC keeps them only up to `cache_bytes` = {_report.fmt_bytes(CACHE_BYTES)}).",
+        "",
+        f"## Throughput over {count:,} streamed samples ({bare.runs} interleaved rounds, medians)",
+        "",
+        *_report.table(("loop", "median s", "samples/s", "relative to the bare loop"), [
+            ("loader alone (no model)", f"{loader.median:.3f}", f"{count / loader.median:,.0f}", "–"),
+            ("bare loop: forward pass, outputs dropped", f"{bare.median:.3f}", f"{count / bare.median:,.0f}", "1.00×"),
+            ("logits scan (Engine.collect_logits)", f"{scan.median:.3f}", f"{count / scan.median:,.0f}", f"{ratio:.2f}×"),
+        ], "lrrr"),
+        "",
+        f"Target ≥ {TARGET}× the bare loop: {_report.verdict(ratio >= TARGET)}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--measure"]:
+        stage, count = argv[1], int(argv[2])
+        _report.parse(_report.parser(__doc__, default_repeats=1, quick_repeats=1), argv[3:])
+        print(json.dumps(measure_point(stage, count)))
+        return
+    args = _report.parse(_report.parser(__doc__, default_repeats=5, quick_repeats=2), argv)
+    session = _report.Session("bench_scale.py", args)
+    memory = memory_table(QUICK_SIZES if args.quick else SIZES, args.threads)
+    count = QUICK_THROUGHPUT_N if args.quick else THROUGHPUT_N
+    session.finish(report(session, memory, throughput(count, args.repeats), count), NAME)
+
+
+if __name__ == "__main__":
+    main()
