@@ -10,6 +10,7 @@ full run):
 * ``logit_fits`` — ``bench_logit_fits.py`` (logit-space fit times on 50k × 1000 logits);
 * ``head_cost``  — ``bench_head_cost.py`` (head retraining cost vs one backbone pass);
 * ``intervals``  — ``bench_intervals.py`` (bootstrap interval coverage on synthetic data);
+* ``scale``      — ``bench_scale.py`` (streamed calibration data: memory against N, throughput vs a bare loop);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
 Afterwards (full runs) ``benchmarks/results/README.md`` is rewritten: an index of every table
@@ -51,6 +52,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "intervals": ("bench_intervals.py", "quality", "bootstrap intervals: coverage of the truth on synthetic data"),
     "evaluate_cost": ("bench_evaluate_cost.py", "speed", "what the intervals cost an evaluation: bootstrap=1000 vs 0"),
     "defaults": ("bench_defaults.py", "quality", "evidence for the fit defaults: paired arms of Neural Clamping and the heads' temperature"),
+    "scale": ("bench_scale.py", "speed", "streams at scale: peak memory against N, throughput against a bare loop"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

@@ -110,15 +110,18 @@ class BatchBuilder:
 
     What it holds is its own copy, so a source that refills one buffer for every batch it hands
     over does not change samples already taken. Token sequences of different lengths are padded
-    on the right (``pad_id`` for ``input_ids``, 0 otherwise); inputs of other differing shapes
-    are refused, naming both shapes.
+    on the right (``pad_id`` for ``input_ids``, 0 otherwise) to the longest of the batch; inputs of
+    other differing shapes are refused, naming both shapes. With ``reuse``, every batch is built in
+    the same tensors (one allocation for a whole pass, which keeps the allocator from scattering
+    long-lived rows between freed batches): a batch from :meth:`take` is valid until the next :meth:`add`.
     """
 
-    def __init__(self, size: int, pad_id: int) -> None:
-        self.size, self.pad_id = size, pad_id
+    def __init__(self, size: int, pad_id: int, *, reuse: bool = False) -> None:
+        self.size, self.pad_id, self.reuse = size, pad_id, reuse
         self.filled = 0
         self._inputs: Dict[str, Any] = {}
-        self._labels: torch.Tensor | None = None
+        self._widths: Dict[str, int] = {}  # the longest token sequence of the batch, per token field
+        self._labels: Optional[torch.Tensor] = None
 
     def add(self, batch: Batch, start: int, stop: int) -> None:
         """Copy samples ``start`` to ``stop - 1`` of ``batch`` in after those already held."""
@@ -131,6 +134,8 @@ class BatchBuilder:
             target = self._room(key, value)
             if _is_token_field(value):
                 target[self.filled : end, : value.shape[1]] = value[start:stop]
+                target[self.filled : end, value.shape[1] :] = _pad_value(key, self.pad_id)
+                self._widths[key] = max(self._widths.get(key, 0), value.shape[1])
             else:
                 target[self.filled : end] = value[start:stop]
         if self._labels is None:
@@ -141,13 +146,12 @@ class BatchBuilder:
     def _room(self, key: str, value: torch.Tensor) -> torch.Tensor:
         """The batch tensor of ``key``, made (or widened, for longer token sequences) to take rows like ``value``."""
         held = self._inputs.get(key)
-        if held is None and _is_token_field(value):  # shorter sequences leave padding behind them
-            held = torch.full((self.size, *value.shape[1:]), _pad_value(key, self.pad_id), dtype=value.dtype, device=value.device)
-        elif held is None:  # every row is written
+        if held is None:
             held = torch.empty((self.size, *value.shape[1:]), dtype=value.dtype, device=value.device)
         elif _is_token_field(value) and held.ndim == 2 and value.shape[1] > held.shape[1]:
-            wider = torch.full((self.size, value.shape[1]), _pad_value(key, self.pad_id), dtype=held.dtype, device=held.device)
-            wider[:, : held.shape[1]] = held
+            wider = torch.empty((self.size, value.shape[1]), dtype=held.dtype, device=held.device)
+            wider[: self.filled, : held.shape[1]] = held[: self.filled]
+            wider[: self.filled, held.shape[1] :] = _pad_value(key, self.pad_id)
             held = wider
         elif held.shape[1:] != value.shape[1:] and not (_is_token_field(value) and held.ndim == 2):
             raise ValueError(
@@ -158,10 +162,13 @@ class BatchBuilder:
         return held
 
     def take(self) -> Batch:
-        """The samples held, as one batch; the builder starts empty again."""
-        inputs = {key: value[: self.filled] if isinstance(value, torch.Tensor) else value for key, value in self._inputs.items()}
+        """The samples held, as one batch (token fields cut to the batch's longest sequence); the builder starts empty again."""
+        inputs = {key: (value[: self.filled, : self._widths[key]] if key in self._widths else value[: self.filled])
+                  if isinstance(value, torch.Tensor) else value for key, value in self._inputs.items()}
         batch = (inputs, self._labels[: self.filled])
-        self.filled, self._inputs, self._labels = 0, {}, None
+        self.filled, self._widths = 0, {}
+        if not self.reuse:
+            self._inputs, self._labels = {}, None
         return batch
 
 

@@ -53,7 +53,8 @@ class PreparedData:
         Its own generator seeds the worker processes, so iterating it draws nothing from
         torch's global generator (a fit leaves the user's random state as it found it).
         """
-        return DataLoader(self.dataset, batch_sampler=list(index_batches), collate_fn=self.collate, num_workers=num_workers,
+        index_lists = [indices.tolist() if isinstance(indices, torch.Tensor) else list(indices) for indices in index_batches]
+        return DataLoader(self.dataset, batch_sampler=index_lists, collate_fn=self.collate, num_workers=num_workers,
                           generator=torch.Generator().manual_seed(0))
 
 

@@ -206,7 +206,7 @@ class _Plan:
     """
 
     def __init__(self, micro_batches: Sequence[Sequence[int]], pad_id: int) -> None:
-        self.micro_batches = [torch.as_tensor(list(micro), dtype=torch.int64) for micro in micro_batches]
+        self.micro_batches = [torch.as_tensor(micro, dtype=torch.int64) for micro in micro_batches]
         sizes = torch.tensor([len(micro) for micro in self.micro_batches], dtype=torch.int64)
         planned = torch.cat(self.micro_batches) if self.micro_batches else torch.empty(0, dtype=torch.int64)
         self.sorted, order = torch.sort(planned)

@@ -174,11 +174,12 @@ class Engine:
         return torch.cat([part[torch.randperm(len(part), generator=self.generator(epoch, 0xBA7C4, number))]
                           for number, part in enumerate(parts)])
 
-    def local_micro_batches(self, data: CalibrationData, global_batch: torch.Tensor) -> List[List[int]]:
-        """This process's share of a global batch (:meth:`~hf_calibrate.data.PreparedData.local_share`), cut into micro-batches."""
-        local = data.local_share(global_batch, self.rank, self.world).tolist()
+    def local_micro_batches(self, data: CalibrationData, global_batch: torch.Tensor) -> List[torch.Tensor]:
+        """This process's share of a global batch (:meth:`~hf_calibrate.data.PreparedData.local_share`), cut into
+        micro-batches of dataset indices (1-D int64 tensors: a few bytes per sample of a pass)."""
+        local = data.local_share(global_batch, self.rank, self.world)
         size = self.options.micro_batch_size or max(len(local), 1)
-        return [local[start : start + size] for start in range(0, len(local), size)]
+        return list(local.split(size)) if len(local) else []
 
     def iterate(self, data: CalibrationData, global_batches: Sequence[torch.Tensor]) -> Iterator[Tuple[int, List[int], Inputs, torch.Tensor]]:
         """Yield (global batch number, indices, inputs, labels) for each local micro-batch, on device (unchecked)."""

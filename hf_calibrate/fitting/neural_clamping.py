@@ -19,6 +19,7 @@ Procedure (docs/design.md §3.2):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Dict, List, Optional
@@ -129,31 +130,10 @@ def _fit(
     grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
     if len(grid) > 1 and options.holdout_fraction == 0:
         raise ValueError("selecting among several gamma/delta_weight values needs holdout_fraction > 0.")
-    device = engine.device
-    _require_rereadable(data, validation)
-    all_logits, all_labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
-    if validation is None:
-        fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
-        validation = data
-        holdout_logits, holdout_labels = all_logits[holdout_indices.to(device)], all_labels[holdout_indices.to(device)]
-    else:
-        fit_indices = torch.arange(len(data))
-        holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
-        holdout_indices = torch.arange(len(validation))
-    fit_logits, fit_labels = all_logits[fit_indices.to(device)], all_labels[fit_indices.to(device)]
-    beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
-    if engine.is_main:
-        warn_if_without_minimum(beta, fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
-                                CALIBRATION_DATA_FIX)
-    fallback_log_t = torch.tensor(-math.log(beta), device=device)
-    start_log_t = _start_log_temperature(options, fallback_log_t)
-    has_holdout = len(holdout_indices) > 0
-    if has_holdout:
-        baseline_scores = _holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
-        baseline = baseline_scores[f"holdout_{options.select_metric}"]
-        if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
-            all_beta, _ = fit_inverse_temperature(all_logits, all_labels)
-            fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
+    start = _base_pass(backbone, data, validation, options, engine)
+    fit_indices, holdout_indices, validation, beta = start.fit_indices, start.holdout_indices, start.validation, start.beta
+    start_log_t = _start_log_temperature(options, torch.tensor(-math.log(beta), device=engine.device))
+    has_holdout = start.baseline_scores is not None
     steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
     epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
     eval_every = options.eval_every or max(1, epochs // DEFAULT_EVALUATIONS)
@@ -187,17 +167,24 @@ def _fit(
         "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
         "steps_per_epoch": steps, "temperature_scaling": {"temperature": 1.0 / beta}, "history": history,
     }
-    use_delta = not has_holdout or best.score < baseline
+    return _keep_best_or_fall_back(calibrator, best, start, options, summary)
+
+
+def _keep_best_or_fall_back(calibrator: NeuralClamping, best: _Snapshot, start: "_Start", options: Any, summary: Dict[str, Any]) -> Dict[str, Any]:
+    """Set the calibrator to the best snapshot when it beat TS on the held-out part (or nothing was held out), else to
+    TS (δ = 0); return ``summary`` with the choice and the baseline."""
+    scores = start.baseline_scores
+    use_delta = scores is None or best.score < scores[f"holdout_{options.select_metric}"]
     with torch.no_grad():
         if use_delta:
             calibrator.delta.copy_(best.delta)
             calibrator.log_temperature.copy_(best.log_temperature)
         else:
             calibrator.delta.zero_()
-            calibrator.log_temperature.copy_(fallback_log_t)
-    if has_holdout:
-        summary["temperature_scaling"].update(baseline_scores)
-        summary["temperature_scaling"]["fallback_temperature"] = float(fallback_log_t.exp())
+            calibrator.log_temperature.copy_(start.fallback_log_t)
+    if scores is not None:
+        summary["temperature_scaling"].update(scores)
+        summary["temperature_scaling"]["fallback_temperature"] = float(start.fallback_log_t.exp())
     summary["selected"] = best.record if use_delta else {"fallback": "temperature_scaling"}
     summary["fell_back_to_temperature_scaling"] = not use_delta
     return summary
@@ -249,6 +236,45 @@ def _train_epoch(
         total += step_loss
         bar.update(1)
     return total / len(global_batches)
+
+
+@dataclasses.dataclass
+class _Start:
+    """What the base pass gives a fit: the fitting and selection parts, the TS start and the fallback."""
+
+    fit_indices: torch.Tensor
+    holdout_indices: torch.Tensor
+    validation: CalibrationData  # the selection data: ``data`` itself when a part of it is held out
+    beta: float  # 1/T of temperature scaling on the fitting part
+    fallback_log_t: torch.Tensor  # log T if δ does not help: TS on all the calibration data (fitting and held-out parts)
+    baseline_scores: Optional[Dict[str, float]]  # that TS's held-out scores (None: nothing held out)
+
+
+def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: Any, engine: Engine) -> _Start:
+    """One pass of the base model over the calibration data (and the validation data): the split, the TS start, the baseline."""
+    device = engine.device
+    _require_rereadable(data, validation)
+    all_logits, all_labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
+    if validation is None:
+        fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
+        validation = data
+        holdout_logits, holdout_labels = all_logits[holdout_indices.to(device)], all_labels[holdout_indices.to(device)]
+    else:
+        fit_indices = torch.arange(len(data))
+        holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
+        holdout_indices = torch.arange(len(validation))
+    fit_logits, fit_labels = all_logits[fit_indices.to(device)], all_labels[fit_indices.to(device)]
+    beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
+    if engine.is_main:
+        warn_if_without_minimum(beta, fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
+                                CALIBRATION_DATA_FIX)
+    fallback_log_t, baseline_scores = torch.tensor(-math.log(beta), device=device), None
+    if len(holdout_indices) > 0:
+        baseline_scores = _holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
+        if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
+            all_beta, _ = fit_inverse_temperature(all_logits, all_labels)
+            fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
+    return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores)
 
 
 def _require_rereadable(*sources: Optional[CalibrationData]) -> None:

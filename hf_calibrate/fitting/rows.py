@@ -19,6 +19,9 @@ import torch
 
 #: collected rows above this many bytes go to a memory-mapped file (EngineOptions.spill_bytes)
 DEFAULT_SPILL_BYTES = 4 << 30
+#: rows in memory are written into chunks of this many bytes: a few large allocations that the allocator maps on
+#: their own, rather than many small ones scattered between a pass's short-lived batches (whose freed space it keeps)
+CHUNK_BYTES = 16 << 20
 
 
 class RowBuffer:
@@ -29,7 +32,8 @@ class RowBuffer:
 
     def __init__(self, spill_bytes: int, directory: Optional[str | os.PathLike] = None, device: torch.device | str = "cpu") -> None:
         self.spill_bytes, self.directory, self.device = spill_bytes, directory, torch.device(device)
-        self._parts: List[torch.Tensor] = []
+        self._chunks: List[torch.Tensor] = []  # full in-memory chunks, then the one being filled
+        self._in_chunk = 0  # rows written into the last chunk
         self._file = None
         self._path: Optional[Path] = None
         self.count = self.width = 0
@@ -44,20 +48,32 @@ class RowBuffer:
             self._spill()
         if self._file is not None:
             self._file.write(rows.cpu().contiguous().numpy().tobytes())
-        else:
-            self._parts.append(rows)
+            return
+        while len(rows):
+            if not self._chunks or self._in_chunk == len(self._chunks[-1]):
+                self._chunks.append(torch.empty(max(1, CHUNK_BYTES // (4 * self.width)), self.width, device=self.device))
+                self._in_chunk = 0
+            take = min(len(rows), len(self._chunks[-1]) - self._in_chunk)
+            self._chunks[-1][self._in_chunk : self._in_chunk + take] = rows[:take]
+            self._in_chunk, rows = self._in_chunk + take, rows[take:]
+
+    def _filled(self) -> List[torch.Tensor]:
+        return [*self._chunks[:-1], self._chunks[-1][: self._in_chunk]] if self._chunks else []
 
     def _spill(self) -> None:
         handle, name = tempfile.mkstemp(prefix="hf_calibrate_rows_", suffix=".f32", dir=self.directory)
         self._path, self._file = Path(name), os.fdopen(handle, "wb")
-        for part in self._parts:
+        for part in self._filled():
             self._file.write(part.cpu().contiguous().numpy().tobytes())
-        self._parts = []
+        self._chunks = []
 
     def finish(self) -> torch.Tensor:
-        """The rows (n, K) float32: one in-memory tensor, or the file memory-mapped (read-only) and unlinked."""
+        """The rows (n, K) float32: in memory (one chunk: a view of it), or the file memory-mapped and unlinked."""
         if self._file is None:
-            return torch.cat(self._parts) if self._parts else torch.empty(0, self.width, device=self.device)
+            parts = self._filled()
+            if len(parts) == 1:
+                return parts[0]
+            return torch.cat(parts) if parts else torch.empty(0, self.width, device=self.device)
         self._file.close()
         try:
             rows = torch.from_numpy(np.memmap(self._path, dtype=np.float32, mode="r+", shape=(self.count, self.width)))
@@ -71,7 +87,7 @@ class RowBuffer:
             self._file.close()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
-        self._parts = []
+        self._chunks = []
 
 
 def allocate(count: int, width: int, spill_bytes: int, directory: Optional[str | os.PathLike] = None,

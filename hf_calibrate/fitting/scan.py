@@ -91,7 +91,7 @@ def _forward(engine, data: StreamedData, compute, batch: Batch, seen: int, buffe
         part = note_nonfinite_inputs(engine.faults, data, engine.to_device(part), range(seen + start, seen + stop), None)
         with engine.autocast():
             buffer.append(compute(part).float())
-    labels = labels.to(engine.device)
+    labels = labels.to(engine.device, copy=True)  # kept: the batch itself is rebuilt in place
     if num_classes is not None:
         engine.note_label_faults(labels, num_classes)
     return labels
@@ -120,7 +120,7 @@ def regroup(batches: Iterator[Batch], size: int, pad_id: int) -> Iterator[Batch]
     Whole batches cut from one unit are handed on as views (used before the next unit is read); samples held
     across units are copies (:class:`~hf_calibrate.data.batches.BatchBuilder`).
     """
-    builder = BatchBuilder(size, pad_id)
+    builder = BatchBuilder(size, pad_id, reuse=True)  # each batch is used up before the next unit is read
     for batch in batches:
         start, count = 0, len(batch[1])
         while start < count:
