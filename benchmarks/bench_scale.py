@@ -6,7 +6,8 @@ samples on every pass), handed over as ``DataLoader(stream, batch_size=None)``. 
 linear layer over the pixels (10 classes), so that the data path — ours and the loader's —
 dominates, not the model.
 
-* **Memory.** For N = 25k, 50k, 100k and 200k, each stage runs in a fresh process; a thread samples
+* **Memory.** For N = 25k, 50k, 100k and 200k, each stage runs in a fresh process, three times (the table shows
+  the median and the range: how much memory the allocator keeps varies from run to run); a thread samples
   the process's resident memory every 2 ms, and the table shows the peak during the stage above the
   resident memory just before it (imports, model and loader done). Stages: *bare loop* (the loop of
   the throughput table, for reference), *logits* (one scan,
@@ -50,6 +51,7 @@ SIZES, QUICK_SIZES = (25_000, 50_000, 100_000, 200_000), (2_000, 4_000)
 THROUGHPUT_N, QUICK_THROUGHPUT_N = 100_000, 4_000
 STAGES = ("bare", "logits", "temperature", "nc")
 TARGET = 0.9
+MEMORY_RUNS = 3  # fresh processes per (stage, N): the allocator's retention varies from run to run
 
 
 class SyntheticStream(IterableDataset):
@@ -146,25 +148,35 @@ def measure_point(stage: str, count: int) -> Dict[str, float]:
     return {"before": before, "peak": sampler.peak, "seconds": time.perf_counter() - started}
 
 
-def memory_table(sizes: Sequence[int], threads: int, fresh: bool) -> Dict[str, Dict[int, Dict[str, float]]]:
-    """{stage: {N: point}}, each point measured in a fresh interpreter (``fresh``; else in this one, for a smoke run)."""
+def memory_table(sizes: Sequence[int], threads: int, fresh: bool, runs: int) -> Dict[str, Dict[int, Dict[str, float]]]:
+    """{stage: {N: point}}, each point the run of median growth out of ``runs``, each run in a fresh interpreter
+    (``fresh``; else in this one, for a smoke run), with the lowest and highest growth seen (``low``, ``high``)."""
     results: Dict[str, Dict[int, Dict[str, float]]] = {stage: {} for stage in STAGES}
     for stage in STAGES:
         for count in sizes:
-            if fresh:
-                command = [sys.executable, __file__, "--measure", stage, str(count), "--threads", str(threads)]
-                output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-                results[stage][count] = json.loads(output.strip().splitlines()[-1])
-            else:
-                results[stage][count] = measure_point(stage, count)
+            points = sorted((_memory_point(stage, count, threads, fresh) for _ in range(runs)), key=_growth)
+            results[stage][count] = {**points[len(points) // 2], "low": _growth(points[0]), "high": _growth(points[-1]), "runs": runs}
             print(f"scale: {stage} N={count:,} done", file=sys.stderr, flush=True)
     return results
+
+
+def _memory_point(stage: str, count: int, threads: int, fresh: bool) -> Dict[str, float]:
+    if not fresh:
+        return measure_point(stage, count)
+    command = [sys.executable, __file__, "--measure", stage, str(count), "--threads", str(threads)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _growth(point: Dict[str, float]) -> float:
+    """Bytes: the peak resident memory of a stage above the resident memory just before it."""
+    return point["peak"] - point["before"]
 
 
 def slope(points: Dict[int, Dict[str, float]], smallest: int = 0) -> float:
     """Least-squares bytes per sample of (peak − before) against N, over the points with N ≥ ``smallest``."""
     xs = [x for x in points if x >= smallest]
-    ys = [points[x]["peak"] - points[x]["before"] for x in xs]
+    ys = [_growth(points[x]) for x in xs]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
 
@@ -194,17 +206,23 @@ def throughput(count: int, rounds: int) -> Tuple[_report.Timing, ...]:
 # ----------------------------------------------------------------------------- report
 
 
+def _memory_cell(point: Dict[str, float]) -> str:
+    """The median growth, with the range over the runs when there were several."""
+    cell = _report.fmt_bytes(_growth(point))
+    return cell if point["low"] == point["high"] else f"{cell} ({_report.fmt_bytes(point['low'])}–{_report.fmt_bytes(point['high'])})"
+
+
 def report(session: _report.Session, memory: Dict[str, Dict[int, Dict[str, float]]], timings, count: int) -> str:
     bare, scan, as_loaded, loader = timings
     sizes = list(memory["logits"])
-    rows = [(f"{n:,}", *(_report.fmt_bytes(memory[stage][n]["peak"] - memory[stage][n]["before"]) for stage in STAGES),
+    rows = [(f"{n:,}", *(_memory_cell(memory[stage][n]) for stage in STAGES),
              f"{memory['nc'][n]['seconds']:.1f}") for n in sizes]
     upper = sorted(sizes)[-3:]
     slopes = [(stage, f"{slope(memory[stage]):.0f}", f"{slope(memory[stage], upper[0]):.0f}") for stage in STAGES]
     ratio = bare.median / scan.median
     lines = [
         *session.header("Streams at scale: memory against N, throughput against a bare loop", ("torch",)),
-        f"## Peak memory above the start of the stage (streamed {IMAGE[0]}×{IMAGE[1]}×{IMAGE[2]} images, batches of {BATCH}, "
+        f"## Peak memory above the start of the stage, median over {memory['nc'][sizes[0]]['runs']} runs (their range) (streamed {IMAGE[0]}×{IMAGE[1]}×{IMAGE[2]} images, batches of {BATCH}, "
         f"{CLASSES} classes, one linear layer)",
         "",
         *_report.table(("N", "bare loop", "logits scan", "temperature fit", "NC, 2 epochs", "NC seconds"), rows, "rrrrrr"),
@@ -243,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args = _report.parse(_report.parser(__doc__, default_repeats=5, quick_repeats=2), argv)
     session = _report.Session("bench_scale.py", args)
-    memory = memory_table(QUICK_SIZES if args.quick else SIZES, args.threads, fresh=not args.quick)
+    memory = memory_table(QUICK_SIZES if args.quick else SIZES, args.threads, fresh=not args.quick, runs=1 if args.quick else MEMORY_RUNS)
     count = QUICK_THROUGHPUT_N if args.quick else THROUGHPUT_N
     session.finish(report(session, memory, throughput(count, args.repeats), count), NAME)
 
