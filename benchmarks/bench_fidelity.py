@@ -42,6 +42,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
@@ -65,17 +66,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-import bench_quality as quality  # noqa: E402
+import _report
+import bench_quality as quality
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.backbones import adapt  # noqa: E402
-from hf_calibrate.calibrators import heads as head_calibrators  # noqa: E402
-from hf_calibrate.calibrators.heads import HeadOptions  # noqa: E402
-from hf_calibrate.calibrators.neural_clamping import NeuralClamping, focal_loss  # noqa: E402
-from hf_calibrate.fitting.engine import Engine, EngineOptions  # noqa: E402
-from hf_calibrate.metrics import calibration_report  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import adapt
+from hf_calibrate.calibrators import heads as head_calibrators
+from hf_calibrate.calibrators.heads import HeadOptions
+from hf_calibrate.calibrators.neural_clamping import NeuralClamping, focal_loss
+from hf_calibrate.fitting.engine import Engine, EngineOptions
+from hf_calibrate.metrics import calibration_report
 
 NAME = "fidelity"
 NC_MODELS = ("digits_cnn", "digits_vit")
@@ -874,11 +874,20 @@ def report_lines(nc: Optional[Dict[str, Any]], heads: Optional[Dict[str, Any]], 
     return lines
 
 
-def save_raw(path: Path, header: List[str], nc: Optional[Dict[str, Any]], heads: Optional[Dict[str, Any]],
-             references: Dict[str, Optional[Reference]]) -> None:
+@dataclasses.dataclass
+class Results:
+    """Both parts' measurements (None when not run), the reference code found per part, and the seeds."""
+
+    nc: Optional[Dict[str, Any]]
+    heads: Optional[Dict[str, Any]]
+    references: Dict[str, Optional[Reference]]
+    seeds: List[int]
+
+
+def save_raw(path: Path, header: List[str], results: Results) -> None:
     """Every measured number and per-epoch curve, with the report header, as JSON (``--render`` rebuilds the report)."""
-    refs = {part: dataclasses.asdict(ref) | {"path": str(ref.path)} if ref else None for part, ref in references.items()}
-    path.write_text(json.dumps({"header": header, "references": refs, "nc": nc, "heads": heads}))
+    refs = {part: dataclasses.asdict(ref) | {"path": str(ref.path)} if ref else None for part, ref in results.references.items()}
+    path.write_text(json.dumps({"header": header, "references": refs, "nc": results.nc, "heads": results.heads}))
     print(f"wrote {path}", file=sys.stderr)
 
 
@@ -889,8 +898,9 @@ def render_raw(path: Path) -> str:
     return "\n".join(raw["header"] + report_lines(raw["nc"], raw["heads"], references))
 
 
-def measure(args: Any, seeds: List[int]) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]], Dict[str, Optional[Reference]]]:
+def measure(args: argparse.Namespace) -> Results:
     """Run the parts asked for whose reference code is present."""
+    seeds = list(range(args.seeds or (1 if args.quick else 3)))
     chosen = args.models.split(",") if args.models else (["digits_cnn"] if args.quick else None)
     parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     references = {part: find_reference(part) if part in parts else None for part in ("nc", "heads")}
@@ -901,7 +911,17 @@ def measure(args: Any, seeds: List[int]) -> Tuple[Optional[Dict[str, Any]], Opti
     if references["heads"] is not None:
         models = [m for m in (chosen or HEAD_MODELS) if m in HEAD_MODELS]
         heads = run_heads(import_decoupled(references["heads"]), models, seeds, 5 if args.quick else None)
-    return nc, heads, references
+    return Results(nc, heads, references, seeds)
+
+
+def report(session: _report.Session, results: Results) -> str:
+    """The Markdown report; with ``--raw`` its header and every number are also saved as JSON."""
+    header = session.header("Fidelity: our Neural Clamping, TST and V-TST against the authors' code",
+                            ["torch", "timm", "transformers", "lightning", "torchmetrics"],
+                            extra=f"Seeds: {len(results.seeds)} (bench_quality's stratified calibration / test halves per seed).")
+    if session.args.raw:
+        save_raw(session.args.raw, header, results)
+    return "\n".join(header + report_lines(results.nc, results.heads, results.references))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -918,17 +938,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.render:
         session.finish(render_raw(args.render), NAME)
         return 0
-    seeds = list(range(args.seeds or (1 if args.quick else 3)))
-    nc, heads, references = measure(args, seeds)
-    if nc is None and heads is None:
+    results = measure(args)
+    if results.nc is None and results.heads is None:
         print("nothing to compare: no reference code found (see the messages above)", file=sys.stderr)
         return 0
-    header = session.header("Fidelity: our Neural Clamping, TST and V-TST against the authors' code",
-                            ["torch", "timm", "transformers", "lightning", "torchmetrics"],
-                            extra=f"Seeds: {len(seeds)} (bench_quality's stratified calibration / test halves per seed).")
-    if args.raw:
-        save_raw(args.raw, header, nc, heads, references)
-    session.finish("\n".join(header + report_lines(nc, heads, references)), NAME)
+    session.finish(report(session, results), NAME)
     return 0
 
 

@@ -30,27 +30,25 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Measured, Timing  # noqa: E402
+import _report
+from _report import Measured, Timing
 
-from hf_calibrate.calibrators import CALIBRATORS  # noqa: E402
-from hf_calibrate.metrics import CalibrationMetrics  # noqa: E402
+from hf_calibrate.calibrators import CALIBRATORS
+from hf_calibrate.metrics import CalibrationMetrics
 
 NAME = "logit_fits"
 FLOOR = "floor: one torch.logsumexp pass over the logits"
@@ -397,15 +395,19 @@ def peer_note(missing: dict[Peer, str | None]) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
-    parser.add_argument("--slow-repeats", type=int, default=1, help="rounds for matrix and Dirichlet (default 1)")
-    parser.add_argument(
-        "--skip-slow", action="store_true",
-        help="leave out matrix and Dirichlet (at full size, up to 10 L-BFGS fits of ~20 min each with the default λ selection; their rows then give the bound the library announces)",
-    )
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_logit_fits.py", args)
+@dataclasses.dataclass
+class Results:
+    """Rows of the fit-time table, the data's shape, the `logsumexp` floor in seconds and the peers not installed."""
+
+    rows: list[tuple]
+    count: int
+    classes: int
+    floor: float
+    missing: dict[Peer, str | None]
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Fit every contender in interleaved rounds on one draw; score the fits on it and on a second draw."""
     count, classes = (1_000, 50) if args.quick else (50_000, 1_000)
     logits, labels = make_logits(count, classes)
     held_logits, held_labels = make_logits(count, classes, seed=1)
@@ -420,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = result_rows(timings, fitted, floor, (logits, labels), (held_logits, held_labels), missing)
     if args.skip_slow:
         rows += announced_bounds(logits, labels)
+    return Results(rows, count, classes, floor, missing)
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, count, classes, floor = session.args, results.count, results.classes, results.floor
     lines = [
         *session.header("Logit-space calibrators: fit time", ("torch", "numpy", "scipy")),
         f"## {count:,} × {classes:,} float32 logits (labels ~ softmax(logits / {TRUE_TEMPERATURE:g}))",
@@ -427,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *_report.table(
             ("method", "median s", "runs", "logsumexp passes", "iterations", "NLL (fit)", "ECE (fit)", "NLL (held-out)",
              "ECE (held-out)", "accuracy (held-out)", "target"),
-            rows, "lrrrrrrrrrl",
+            results.rows, "lrrrrrrrrrl",
         ),
         "",
         "## Notes",
@@ -464,9 +471,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("- The Guo et al. baseline is their published recipe (`nn.Parameter(torch.ones(1) * 1.5)`, "
         "`optim.LBFGS([temperature], lr=0.01, max_iter=50)`); with lr=0.01 it can stop far from the optimum — "
         "compare its T and NLL."),
-        peer_note(missing),
+        peer_note(results.missing),
     ]
-    session.finish("\n".join(lines) + "\n", NAME)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
+    parser.add_argument("--slow-repeats", type=int, default=1, help="rounds for matrix and Dirichlet (default 1)")
+    parser.add_argument(
+        "--skip-slow", action="store_true",
+        help="leave out matrix and Dirichlet (at full size, up to 10 L-BFGS fits of ~20 min each with the default λ selection; their rows then give the bound the library announces)",
+    )
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_logit_fits.py", args)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 
