@@ -130,11 +130,11 @@ def test_an_epoch_is_every_index_once_in_full_batches_but_the_last(count: int, b
        seed=st.integers(0, 2**31))
 def test_global_batches_are_the_same_for_any_number_of_processes(count: int, batch_size: int, world: int, epoch: int,
                                                                seed: int) -> None:
+    if count < world:
+        return
     indices = torch.arange(count)
     single = engine(batch_size, seed=seed).global_batches(indices, shuffle=True, epoch=epoch)
     for rank in {0, world - 1}:
-        if count < world:
-            continue
         several = engine(batch_size, seed=seed, rank=rank, world=world).global_batches(indices, shuffle=True, epoch=epoch)
         assert [batch.tolist() for batch in several] == [batch.tolist() for batch in single]
 
@@ -167,7 +167,7 @@ def test_a_block_shuffle_permutes_each_block_within_itself(count: int, block: in
 # ----------------------------------------------------------------------------- micro-batches
 
 
-def _micro_batches_per_rank(data, batch: torch.Tensor, batch_size: int, micro: int | None, world: int) -> Dict[int, List[torch.Tensor]]:
+def _micro_batches_per_rank(data: PreparedData | StreamedData, batch: torch.Tensor, batch_size: int, micro: int | None, world: int) -> Dict[int, List[torch.Tensor]]:
     return {rank: engine(batch_size, micro, rank=rank, world=world).local_micro_batches(data, batch) for rank in range(world)}
 
 
@@ -186,9 +186,9 @@ def _check_partition(per_rank: Dict[int, List[torch.Tensor]], batch: torch.Tenso
        world=st.integers(1, 6), epoch=st.integers(0, 5))
 def test_map_style_micro_batches_partition_each_global_batch_strided(count: int, batch_size: int, micro: int | None,
                                                                     world: int, epoch: int) -> None:
-    data = map_style(count)
     if count < world:
         return
+    data = map_style(count)
     for batch in engine(batch_size, world=world).global_batches(torch.arange(count), shuffle=True, epoch=epoch):
         per_rank = _micro_batches_per_rank(data, batch, batch_size, micro, world)
         _check_partition(per_rank, batch, micro)
