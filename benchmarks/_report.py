@@ -9,7 +9,13 @@ Every benchmark in this folder
   process, on the same data) so background load hits them alike, and reports medians and
   ratios within that one run;
 * prints a Markdown report that starts with the command, the date and the machine, and writes
-  it to ``benchmarks/results/<name>.md`` on a full run (or to ``--output``).
+  it to ``benchmarks/results/<name>.md`` on a full run (or to ``--output``);
+* splits its ``main`` into ``measure(args) -> results`` (the timed work) and
+  ``report(session, results) -> str`` (the Markdown), with ``session.args`` the parsed options.
+
+Scripts run as ``python benchmarks/<script>.py``: Python puts this folder first on ``sys.path``,
+so ``import _report`` needs no path edit, and ``hf_calibrate`` is the installed package
+(``pip install -e .`` in a checkout).
 """
 
 from __future__ import annotations
@@ -37,10 +43,6 @@ THREADS_NOTE = (
     "intra-op thread pool spends most of its time waiting for descheduled threads, which swamps "
     "what is being measured."
 )
-
-if str(ROOT) not in sys.path:  # scripts run as `python benchmarks/x.py` import hf_calibrate from the checkout
-    sys.path.insert(0, str(ROOT))
-
 
 # ----------------------------------------------------------------------------- command line
 

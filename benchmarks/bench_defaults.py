@@ -58,15 +58,14 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bench_quality import (  # noqa: E402
+import _report
+from bench_quality import (
     HEAD_METHODS, _data_options, _mean_std, _nc_logits, _nc_schedule, _paired_interval, _Sets, _stratified_halves, _zoo,
 )
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.backbones import adapt  # noqa: E402
-from hf_calibrate.metrics import calibration_report, paired_bootstrap_intervals, smooth_calibration_error, verdict  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import adapt
+from hf_calibrate.metrics import calibration_report, paired_bootstrap_intervals, smooth_calibration_error, verdict
 
 NAME = "defaults"
 MODELS = ("bbc_minilm", "digits_cnn", "digits_vit")  # longest first: with fewer --jobs than models it starts first
@@ -351,6 +350,24 @@ def _results(models: Sequence[str], args: Any, directory: Path) -> Dict[str, Dic
     return {name: json.loads((directory / f"{name}.json").read_text()) for name in models}
 
 
+def measure(args: argparse.Namespace) -> Dict[str, Dict[str, Any]]:
+    """model → its per-seed records, run here or in ``--jobs`` child processes (kept under ``--raw``)."""
+    models = args.models.split(",") if args.models else (["digits_cnn"] if args.quick else list(MODELS))
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.raw or Path(scratch)
+        directory.mkdir(parents=True, exist_ok=True)
+        return _results(models, args, directory)
+
+
+def report(session: _report.Session, results: Dict[str, Dict[str, Any]]) -> str:
+    body = [] if len(results) < 2 else _pooled_section(results)
+    for model_name in sorted(results, key=MODELS.index):
+        body += _model_section(model_name, results[model_name], session.args.quick)
+    header = session.header("Evidence for the fit defaults", ["torch", "timm", "transformers"],
+                            extra="Seeds = `--repeats`; fit seconds are medians over the seeds, with `--jobs` models running side by side.")
+    return "\n".join(header + body)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(MODELS)}")
@@ -360,19 +377,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs worker: records only, no report
     args = _report.parse(parser, argv)
     session = _report.Session("bench_defaults.py", args)
-    models = args.models.split(",") if args.models else (["digits_cnn"] if args.quick else list(MODELS))
-    with tempfile.TemporaryDirectory() as scratch:
-        directory = args.raw or Path(scratch)
-        directory.mkdir(parents=True, exist_ok=True)
-        results = _results(models, args, directory)
+    results = measure(args)
     if args.child:
         return 0
-    body = [] if len(results) < 2 else _pooled_section(results)
-    for model_name in sorted(results, key=MODELS.index):
-        body += _model_section(model_name, results[model_name], args.quick)
-    header = session.header("Evidence for the fit defaults", ["torch", "timm", "transformers"],
-                            extra="Seeds = `--repeats`; fit seconds are medians over the seeds, with `--jobs` models running side by side.")
-    session.finish("\n".join(header + body), NAME)
+    session.finish(report(session, results), NAME)
     return 0
 
 

@@ -20,19 +20,17 @@ Usage::
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.evaluation import accumulators, summarize  # noqa: E402
-from hf_calibrate.metrics import bootstrap_intervals  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.evaluation import accumulators, summarize
+from hf_calibrate.metrics import bootstrap_intervals
 
 NAME = "evaluate_cost"
 REPLICATES = 1000
@@ -108,7 +106,17 @@ def smooth_ece_replicates(counts: Sequence[int], replicates: int) -> List[List[s
     return rows
 
 
-def report(tables: Dict[str, List[List[str]]], session: _report.Session) -> str:
+def measure(args: argparse.Namespace) -> Dict[str, List[List[str]]]:
+    """The three tables' rows: a real evaluation, the metrics alone, smECE replicates."""
+    counts = (2_000,) if args.quick else (1_000, 10_000, 100_000)
+    return {
+        "real": [real_evaluation(args.repeats, args.quick)],
+        "metrics": metrics_only(counts, args.repeats),
+        "smooth": smooth_ece_replicates(counts[:2], 20 if args.quick else 100),
+    }
+
+
+def report(session: _report.Session, tables: Dict[str, List[List[str]]]) -> str:
     lines = session.header("What the intervals cost an evaluation", ["torch", "timm"])
     lines += [
         f"`evaluate(bootstrap=0)` against `evaluate(bootstrap={REPLICATES})` (the default): medians over interleaved "
@@ -133,13 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
     args = _report.parse(parser, argv)
     session = _report.Session("bench_evaluate_cost.py", args)
-    counts = (2_000,) if args.quick else (1_000, 10_000, 100_000)
-    tables = {
-        "real": [real_evaluation(args.repeats, args.quick)],
-        "metrics": metrics_only(counts, args.repeats),
-        "smooth": smooth_ece_replicates(counts[:2], 20 if args.quick else 100),
-    }
-    session.finish(report(tables, session), NAME)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

@@ -26,9 +26,10 @@ and reports images/s per process group. Multi-GPU: launch under torchrun; rank 0
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -38,12 +39,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Measured, Timing  # noqa: E402
+import _report
+from _report import Measured, Timing
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.calibrators import focal_loss  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.calibrators import focal_loss
 
 NAME = "gpu"
 NOT_MEASURED = (
@@ -125,7 +125,7 @@ def timed_epochs(run: Callable[[], None], epochs: int, device: torch.device) -> 
     return Measured(seconds)
 
 
-def measure(name: str, args, accelerator, device: torch.device) -> Dict[str, Dict[str, Timing]]:
+def measure_model(name: str, args, accelerator, device: torch.device) -> Dict[str, Dict[str, Timing]]:
     model = _report.timm_model(name, args.image_size, num_classes=args.classes).to(device)
     generator = torch.Generator().manual_seed(0)
     x_cpu = torch.randn(args.count, 3, args.image_size, args.image_size, generator=generator)
@@ -155,26 +155,26 @@ def measure(name: str, args, accelerator, device: torch.device) -> Dict[str, Dic
     return results
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default=None, help="timm names (default resnet50,vit_base_patch16_224; quick: "
-                        "resnet18,vit_tiny_patch16_224)")
-    parser.add_argument("--image-size", type=int, default=None, help="default 224 (quick 32)")
-    parser.add_argument("--count", type=int, default=None, help="images per epoch (default 2048; quick 16)")
-    parser.add_argument("--batch", type=int, default=None, help="global batch (default 256; quick 8)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per round per contender (default 2; quick 1)")
-    parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--json", type=Path, default=None, help="also write the raw numbers here (rank 0)")
-    parser.add_argument("--compare", type=Path, default=None, help="a --json file of a run on fewer processes: adds speed-ups")
-    args = _report.parse(parser, argv)
+@dataclasses.dataclass
+class Results:
+    """model → precision → contender → per-epoch timings, and the device they ran on."""
+
+    timings: Dict[str, Dict[str, Dict[str, Timing]]]
+    device: torch.device
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """The sizes left unset on the command line: the full run's, or tiny ones with ``--quick``."""
     quick = args.quick
     args.models = args.models or ("resnet18,vit_tiny_patch16_224" if quick else "resnet50,vit_base_patch16_224")
     args.image_size = args.image_size or (32 if quick else 224)
     args.count = args.count or (16 if quick else 2048)
     args.batch = args.batch or (8 if quick else 256)
     args.epochs = args.epochs or (1 if quick else 2)
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Start the process group (accelerate), then time every model of ``--models`` in every precision."""
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"
     from accelerate import Accelerator
@@ -183,32 +183,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = accelerator.device
     if args.batch % world() or args.count % args.batch:
         raise SystemExit(f"--batch must be a multiple of the {world()} processes and divide --count.")
-    session = _report.Session("bench_gpu.py", args)
-    results = {}
+    timings = {}
     for name in args.models.split(","):
-        results[name] = measure(name, args, accelerator, device)
+        timings[name] = measure_model(name, args, accelerator, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if rank() != 0:
-        return 0
+    return Results(timings, device)
 
-    raw = {name: {precision: {contender: timing.median for contender, timing in timings.items()}
-                  for precision, timings in by_precision.items()} for name, by_precision in results.items()}
+
+def raw_numbers(results: Results) -> Dict[str, Any]:
+    """Median seconds per model, precision and contender, and the world size: the ``--json`` file."""
+    raw: Dict[str, Any] = {name: {precision: {contender: timing.median for contender, timing in timings.items()}
+                                  for precision, timings in by_precision.items()}
+                           for name, by_precision in results.timings.items()}
     raw["_world"] = world()
-    previous = json.loads(args.compare.read_text()) if args.compare else None
+    return raw
+
+
+def _rows(results: Results, count: int, previous: Optional[Dict[str, Any]]) -> List[tuple]:
+    """One row per model, precision and contender; ``previous`` (a ``--compare`` file) adds the scaling column."""
     rows = []
-    for name, by_precision in results.items():
+    for name, by_precision in results.timings.items():
         for precision, timings in by_precision.items():
             floor = timings["floor"].median
-            fp32_ours = results[name].get("fp32", {}).get("ours")
+            fp32_ours = results.timings[name].get("fp32", {}).get("ours")
             for contender, timing in timings.items():
                 speedup = "–"
                 if previous and name in previous and precision in previous[name]:
                     speedup = f"{previous[name][precision][contender] / timing.median:.2f}× vs {previous['_world']} proc"
                 bf16_gain = (f"{fp32_ours.median / timing.median:.2f}×" if contender == "ours" and precision != "fp32"
                              and fp32_ours else "–")
-                rows.append((name, precision, contender, f"{args.count / timing.median:.1f}", f"{timing.median:.3f}",
+                rows.append((name, precision, contender, f"{count / timing.median:.1f}", f"{timing.median:.3f}",
                              timing.runs, f"{timing.median / floor:.2f}×", bf16_gain, speedup))
+    return rows
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, device = session.args, results.device
+    previous = json.loads(args.compare.read_text()) if args.compare else None
+    rows = _rows(results, args.count, previous)
     gpu = _report.gpu_description()
     lines = [
         *session.header("Neural Clamping fit throughput on GPU", ("torch", "timm", "accelerate")),
@@ -230,10 +243,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "- images/s = images per epoch / median epoch seconds (the whole process group; rank 0 reports, after "
         "`cuda.synchronize` and a barrier).",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", default=None, help="timm names (default resnet50,vit_base_patch16_224; quick: "
+                        "resnet18,vit_tiny_patch16_224)")
+    parser.add_argument("--image-size", type=int, default=None, help="default 224 (quick 32)")
+    parser.add_argument("--count", type=int, default=None, help="images per epoch (default 2048; quick 16)")
+    parser.add_argument("--batch", type=int, default=None, help="global batch (default 256; quick 8)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per round per contender (default 2; quick 1)")
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw numbers here (rank 0)")
+    parser.add_argument("--compare", type=Path, default=None, help="a --json file of a run on fewer processes: adds speed-ups")
+    args = _report.parse(parser, argv)
+    fill_defaults(args)
+    session = _report.Session("bench_gpu.py", args)
+    results = measure(args)
+    if rank() != 0:
+        return 0
     # results/gpu.md only from a full GPU run; a CPU run prints (or goes to --output)
-    session.finish("\n".join(lines) + "\n", NAME, write_default=device.type == "cuda")
+    session.finish(report(session, results), NAME, write_default=results.device.type == "cuda")
     if args.json:
-        args.json.write_text(json.dumps(raw, indent=1))
+        args.json.write_text(json.dumps(raw_numbers(results), indent=1))
     return 0
 
 

@@ -22,48 +22,74 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import statistics
-import sys
 import time
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Measured, Timing  # noqa: E402
+import _report
+from _report import Measured, Timing
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.backbones import adapt  # noqa: E402
-from hf_calibrate.data import prepare_data  # noqa: E402
-from hf_calibrate.fitting import Engine, EngineOptions, collect_features  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import adapt
+from hf_calibrate.data import prepare_data
+from hf_calibrate.fitting import Engine, EngineOptions, collect_features
 
 NAME = "head_cost"
 TARGET = 0.05
 METHODS = ("tst", "vtst", "mac_cal")
 HOLDOUT = 0.2  # the head methods' default holdout_fraction
+FORWARD = "backbone forward pass (train rows)"
+EXTRACTION = "feature extraction (train + validation)"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
-    parser.add_argument("--epochs", type=int, default=None, help="head epochs per fit (default 40, quick 3)")
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_head_cost.py", args)
+@dataclasses.dataclass
+class Setup:
+    """The sizes of one run: image side in px, images, classes, batch, head epochs, timm model name."""
+
+    image_size: int
+    count: int
+    classes: int
+    batch: int
+    epochs: int
+    model_name: str
+
+
+@dataclasses.dataclass
+class Results:
+    """Timings of every contender, each method's per-epoch seconds and whole-fit seconds, and the split's sizes."""
+
+    setup: Setup
+    timings: Dict[str, Timing]
+    history: Dict[str, List[float]]
+    fit_totals: Dict[str, List[float]]
+    train_rows: int
+    validation_rows: int
+    feature_dim: int
+
+
+def setup_of(args: argparse.Namespace) -> Setup:
     if args.quick:
-        image_size, count, classes, batch, epochs, model_name = 16, 64, 10, 32, args.epochs or 3, "resnet10t"
-    else:
-        image_size, count, classes, batch, epochs, model_name = 32, 3000, 100, 250, args.epochs or 40, "resnet18"
-    model = _report.timm_model(model_name, image_size, num_classes=classes)
-    x, y = _report.synthetic_images(model, count, image_size)
+        return Setup(16, 64, 10, 32, args.epochs or 3, "resnet10t")
+    return Setup(32, 3000, 100, 250, args.epochs or 40, "resnet18")
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Interleaved rounds of the forward pass, the extraction and one whole fit per head method."""
+    setup = setup_of(args)
+    batch, epochs = setup.batch, setup.epochs
+    model = _report.timm_model(setup.model_name, setup.image_size, num_classes=setup.classes)
+    x, y = _report.synthetic_images(model, setup.count, setup.image_size)
     data = TensorDataset(x, y)
     engine = Engine(EngineOptions(batch_size=batch, progress=False))
     backbone = adapt(model)
     prepared = prepare_data(data, backbone)
-    train_indices, validation_indices = engine.split_indices(count, HOLDOUT)
+    train_indices, validation_indices = engine.split_indices(setup.count, HOLDOUT)
     x_train = x[train_indices]
-    feature_dim = backbone.final_layer().in_features
 
     def forward_pass() -> None:
         with torch.no_grad():
@@ -89,28 +115,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return run
 
-    contenders = {"backbone forward pass (train rows)": forward_pass, "feature extraction (train + validation)": extraction}
+    contenders = {FORWARD: forward_pass, EXTRACTION: extraction}
     contenders.update({f"fit {method}": fit(method) for method in METHODS})
     timings: Dict[str, Timing] = _report.interleaved(contenders, args.repeats, warmup=0 if args.quick else 1, progress="head cost")
+    return Results(setup, timings, history, fit_totals, len(train_indices), len(validation_indices),
+                   backbone.final_layer().in_features)
 
-    unit = timings["backbone forward pass (train rows)"].median
-    extract = timings["feature extraction (train + validation)"].median
+
+def _rows(results: Results) -> Tuple[List[tuple], List[tuple]]:
+    """Rows of the step table and of the targets table."""
+    timings, epochs = results.timings, results.setup.epochs
+    unit = timings[FORWARD].median
+    extract = timings[EXTRACTION].median
     rows = [
-        ("backbone forward pass over the training rows", f"{unit:.3f}", timings["backbone forward pass (train rows)"].runs,
-         "100%", "–", "–"),
+        ("backbone forward pass over the training rows", f"{unit:.3f}", timings[FORWARD].runs, "100%", "–", "–"),
         ("one-off feature extraction (train + validation rows)", f"{extract:.3f}",
-         timings["feature extraction (train + validation)"].runs, f"{extract / unit:.0%}", "–", "–"),
+         timings[EXTRACTION].runs, f"{extract / unit:.0%}", "–", "–"),
     ]
     verdicts = []
     for method in METHODS:
-        per_epoch = statistics.median(history[method])
-        total = statistics.median(fit_totals[method])
+        per_epoch = statistics.median(results.history[method])
+        total = statistics.median(results.fit_totals[method])
         with_validation = (total - extract) / epochs
-        rows.append((f"{method}: head epoch (training steps)", f"{per_epoch:.4f}", len(history[method]),
+        rows.append((f"{method}: head epoch (training steps)", f"{per_epoch:.4f}", len(results.history[method]),
                      f"{per_epoch / unit:.2%}", f"{total:.2f}", f"{with_validation:.4f}"))
         verdicts.append((method, f"{per_epoch / unit:.2%}", _report.verdict(per_epoch / unit < TARGET),
                          f"{with_validation / unit:.2%}", f"{extract / per_epoch:.0f}"))
-    train_rows, validation_rows = len(train_indices), len(validation_indices)
+    return rows, verdicts
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, setup = session.args, results.setup
+    image_size, classes, batch, epochs, model_name = setup.image_size, setup.classes, setup.batch, setup.epochs, setup.model_name
+    train_rows, validation_rows, feature_dim = results.train_rows, results.validation_rows, results.feature_dim
+    rows, verdicts = _rows(results)
     lines = [
         *session.header("Head retraining: feature extraction vs per-epoch head cost", ("torch", "timm")),
         f"## timm {model_name}, {train_rows:,} training + {validation_rows:,} validation images of 3×{image_size}×{image_size}, "
@@ -145,7 +183,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "- Options are the defaults (TST/V-TST: latent 128, Adam 1e-4; V-TST: 10 samples; MaC-Cal: 10 masks) "
         f"except `epochs={epochs}` and `batch_size={batch}`; `holdout_fraction` 0.2 (default) gives the validation rows.",
     ]
-    session.finish("\n".join(lines) + "\n", NAME)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
+    parser.add_argument("--epochs", type=int, default=None, help="head epochs per fit (default 40, quick 3)")
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_head_cost.py", args)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

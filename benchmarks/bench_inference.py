@@ -20,18 +20,17 @@ Usage::
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+import argparse
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Timing  # noqa: E402
+import _report
+from _report import Timing
 
-from hf_calibrate import CalibratedModel  # noqa: E402
+from hf_calibrate import CalibratedModel
 
 NAME = "inference"
 TARGET = 1.05
@@ -93,37 +92,49 @@ def tiny(kind: str) -> torch.nn.Module:
     return _report.transformers_vit(16, patch_size=8, hidden_size=16, layers=1, heads=2)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=20, quick_repeats=2)
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_inference.py", args)
+@dataclasses.dataclass
+class Results:
+    """Timings per model kind (under no_grad, in grad mode, and on tiny models for the fixed cost), and ‖δ‖ per kind."""
+
+    image_size: int
+    batch: int
+    overhead_calls: int
+    timings: Dict[str, Dict[str, Timing]] = dataclasses.field(default_factory=dict)
+    grad: Dict[str, Dict[str, Timing]] = dataclasses.field(default_factory=dict)
+    overhead: Dict[str, Dict[str, Timing]] = dataclasses.field(default_factory=dict)
+    deltas: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """For each model kind: interleaved rounds under no_grad, in grad mode, and of the fixed cost per call."""
     image_size, batch = (16, 4) if args.quick else (128, 32)
     grad_rounds = max(1, args.repeats // 2)
     overhead_calls = 3 if args.quick else 100
-    results: Dict[str, Dict[str, Timing]] = {}
-    grad_results: Dict[str, Dict[str, Timing]] = {}
-    overhead: Dict[str, Dict[str, Timing]] = {}
-    deltas: Dict[str, float] = {}
+    results = Results(image_size, batch, overhead_calls)
     x = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(7))
     for kind in MODELS:
         model = build(kind, image_size, args.quick)
         calibrated = calibrated_models(model, image_size, 2 * batch)
-        deltas[kind] = float(calibrated["neural_clamping"].calibrator.delta.detach().norm())
-        results[kind] = _report.interleaved(contenders(kind, model, calibrated, x), args.repeats, warmup=0 if args.quick else 2, progress=kind)
-        grad_results[kind] = _report.interleaved(
+        results.deltas[kind] = float(calibrated["neural_clamping"].calibrator.delta.detach().norm())
+        results.timings[kind] = _report.interleaved(contenders(kind, model, calibrated, x), args.repeats, warmup=0 if args.quick else 2, progress=kind)
+        results.grad[kind] = _report.interleaved(
             contenders(kind, model, calibrated, x, grad=True, noise_check=False), grad_rounds, warmup=0 if args.quick else 1,
             progress=f"{kind} (grad mode)",
         )
         small = tiny(kind)
         small_x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(8))
         small_calibrated = calibrated_models(small, 16, 8)
-        overhead[kind] = _report.interleaved(
+        results.overhead[kind] = _report.interleaved(
             contenders(kind, small, small_calibrated, small_x, calls=overhead_calls), args.repeats, warmup=0 if args.quick else 2,
             progress=f"{kind} (overhead)",
         )
+    return results
 
+
+def _rows(results: Results) -> Tuple[List[tuple], List[tuple], List[tuple], List[tuple]]:
+    """Rows of the timing, targets, grad-mode and fixed-cost tables."""
     rows, verdicts = [], []
-    for kind, timings in results.items():
+    for kind, timings in results.timings.items():
         base = timings["base model"]
         for name, timing in timings.items():
             rows.append(
@@ -134,21 +145,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ratio = _report.paired_ratio(timings[name], base)
             verdicts.append((kind, name.split(", ")[1], f"{ratio:.3f}×", _report.verdict(ratio <= TARGET)))
     grad_rows = []
-    for kind, timings in grad_results.items():
+    for kind, timings in results.grad.items():
         base = timings["base model"]
         for name, timing in timings.items():
             grad_rows.append((kind, name, f"{timing.median * 1e3:.1f}", timing.runs, f"{_report.paired_ratio(timing, base):.3f}×"))
     overhead_rows = []
-    for kind, timings in overhead.items():
+    for kind, timings in results.overhead.items():
         base = timings["base model"]
         for name, timing in timings.items():
             if name.startswith("base model (again"):
                 continue
-            per_call = timing.median / overhead_calls
-            extra = (timing.median - base.median) / overhead_calls
-            share = extra / (results[kind]["base model"].median) if name != "base model" else 0.0
+            per_call = timing.median / results.overhead_calls
+            extra = (timing.median - base.median) / results.overhead_calls
+            share = extra / (results.timings[kind]["base model"].median) if name != "base model" else 0.0
             overhead_rows.append((kind, name, f"{per_call * 1e6:.0f}", f"{extra * 1e6:+.0f}" if name != "base model" else "–",
                                   f"{share:.3%}" if name != "base model" else "–"))
+    return rows, verdicts, grad_rows, overhead_rows
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, batch, image_size, deltas = session.args, results.batch, results.image_size, results.deltas
+    overhead_calls = results.overhead_calls
+    rows, verdicts, grad_rows, overhead_rows = _rows(results)
     lines = [
         *session.header("CalibratedModel inference overhead", ("torch", "timm", "transformers")),
         f"## One batch of {batch} images, 3×{image_size}×{image_size}, float32, `torch.no_grad()`, CPU",
@@ -191,7 +209,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "- timm `resnet18` and transformers `ViTForImageClassification` (hidden 192, 6 layers, 3 heads, 16×16 "
         "patches) with random weights (`pretrained=False` / from a `ViTConfig`); inputs are seeded N(0, 1).",
     ]
-    session.finish("\n".join(lines) + "\n", NAME)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=20, quick_repeats=2)
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_inference.py", args)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

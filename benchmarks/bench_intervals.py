@@ -18,17 +18,17 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from hf_calibrate.metrics import bootstrap_intervals, calibration_report, paired_bootstrap_intervals, verdict  # noqa: E402
-from hf_calibrate.metrics.intervals import BIAS_SHIFTED_METRICS  # noqa: E402
+from hf_calibrate.metrics import bootstrap_intervals, calibration_report, paired_bootstrap_intervals, verdict
+from hf_calibrate.metrics.intervals import BIAS_SHIFTED_METRICS
 
 NAME = "intervals"
 METRICS = ("accuracy", "nll", "brier", "ece", "ada_ece")
@@ -92,17 +92,30 @@ def power_row(count: int, sims: int, replicates: int) -> List[str]:
     return [f"{count:,}", f"{verdicts.count('improved') / sims:.2f}", f"{verdicts.count('made worse') / sims:.2f}"]
 
 
-def measure(counts: Sequence[int], sims: int, replicates: int) -> Tuple[List[List[str]], List[List[str]]]:
+@dataclasses.dataclass
+class Results:
+    """Rows of the coverage and power tables, and the simulation sizes they came from."""
+
+    coverage: List[List[str]]
+    power: List[List[str]]
+    sims: int
+    replicates: int
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Coverage rows for every temperature and N, then the paired verdict's power per N."""
+    counts, sims, replicates = ((200,), 3, 50) if args.quick else ((300, 1000, 3000), args.sims, args.replicates)
     coverage = []
     for temperature in TEMPERATURES:
         truth = truths(temperature)
         for count in counts:
             print(f"T={temperature} N={count:,} …", file=sys.stderr, flush=True)
             coverage += coverage_row(temperature, count, sims, replicates, truth)
-    return coverage, [power_row(count, sims, replicates) for count in counts]
+    return Results(coverage, [power_row(count, sims, replicates) for count in counts], sims, replicates)
 
 
-def report(coverage: List[List[str]], power: List[List[str]], session: _report.Session, sims: int, replicates: int) -> str:
+def report(session: _report.Session, results: Results) -> str:
+    coverage, power, sims, replicates = results.coverage, results.power, results.sims, results.replicates
     lines = session.header("Bootstrap intervals: coverage on synthetic data", ["torch"])
     lines += [
         f"{sims} test sets per row, R = {replicates} Poisson-bootstrap replicates, nominal level 95 %. "
@@ -128,9 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--replicates", type=int, default=300, help="bootstrap replicates R")
     args = _report.parse(parser, argv)
     session = _report.Session("bench_intervals.py", args)
-    counts, sims, replicates = ((200,), 3, 50) if args.quick else ((300, 1000, 3000), args.sims, args.replicates)
-    coverage, power = measure(counts, sims, replicates)
-    session.finish(report(coverage, power, session, sims, replicates), NAME)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

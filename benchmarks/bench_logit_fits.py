@@ -30,27 +30,21 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import dataclasses
-import importlib
-import logging
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from importlib.metadata import version
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Measured, Timing  # noqa: E402
+import _report
+from _logit_peers import PEERS, Peer, peer_note, scaled
+from _report import Measured, Timing
 
-from hf_calibrate.calibrators import CALIBRATORS  # noqa: E402
-from hf_calibrate.metrics import CalibrationMetrics  # noqa: E402
+from hf_calibrate.calibrators import CALIBRATORS
+from hf_calibrate.metrics import CalibrationMetrics
 
 NAME = "logit_fits"
 FLOOR = "floor: one torch.logsumexp pass over the logits"
@@ -95,11 +89,6 @@ def fit_method(method: str, overrides: dict[str, Any], logits: torch.Tensor, lab
     return calibrator.eval(), summary
 
 
-def scaled(temperature: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The calibration map of a fitted temperature: ``z ↦ z / T``."""
-    return lambda z: z / temperature
-
-
 def lbfgs_log_t(logits: torch.Tensor, labels: torch.Tensor):
     """Textbook TS: LBFGS on log T of the mean cross-entropy (strong-Wolfe line search)."""
     log_t = torch.zeros((), requires_grad=True)
@@ -141,119 +130,6 @@ def lbfgs_guo(logits: torch.Tensor, labels: torch.Tensor):
                                    "evaluations": evaluations}
 
 
-# ----------------------------------------------------------------------------- peers (optional)
-
-
-@contextlib.contextmanager
-def counted_cross_entropy() -> Iterator[list[int]]:
-    """Count ``nn.CrossEntropyLoss`` calls (the peers' objective evaluations) while the block runs: ``[count]``."""
-    count = [0]
-
-    def hook(module: torch.nn.Module, inputs: Any) -> None:
-        if isinstance(module, torch.nn.CrossEntropyLoss):
-            count[0] += 1
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
-        yield count
-    finally:
-        handle.remove()
-
-
-@contextlib.contextmanager
-def warnings_logged_off() -> Iterator[None]:
-    """Silence ``logging`` warnings (torch-uncertainty logs "model is None" on every fit from logits)."""
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def fit_torch_uncertainty(logits: torch.Tensor, labels: torch.Tensor):
-    """torch-uncertainty ``TemperatureScaler()``: LBFGS (no line search, lr=0.1, max_iter=100) on 1/T from T = 1."""
-    from torch_uncertainty.post_processing import TemperatureScaler
-
-    scaler = TemperatureScaler()  # model=None: fits on the loader's (logits, labels) directly
-    with counted_cross_entropy() as evaluations, warnings_logged_off():
-        scaler.fit(DataLoader([(logits, labels)], batch_size=None), progress=False)
-    temperature = 1.0 / float(scaler.inv_temp.detach())
-    return scaled(temperature), {"temperature": temperature, "evaluations": evaluations[0]}
-
-
-def fit_netcal(logits: torch.Tensor, labels: torch.Tensor):
-    """netcal ``TemperatureScaling()``: scipy ``minimize`` (L-BFGS-B, finite-difference gradient) on w = 1/T from w = 1.
-
-    netcal takes probabilities (it fits w on their logs); they are made here, inside the timed fit,
-    in float64: from float32 probabilities its finite-difference step (~1e-8) is below float32
-    resolution, the gradient is 0 and the fit returns T = 1 (the symptom reported as netcal issue #61).
-    """
-    from netcal.scaling import TemperatureScaling
-
-    calibrator = TemperatureScaling()
-    probabilities = torch.softmax(logits.double(), dim=1).numpy()
-    with counted_cross_entropy() as evaluations:
-        calibrator.fit(probabilities, labels.numpy())
-    temperature = 1.0 / float(calibrator.weights[0])  # netcal's `temperature` property is this weight, 1/T
-    return scaled(temperature), {"temperature": temperature, "evaluations": evaluations[0]}
-
-
-def fit_probmetrics(logits: torch.Tensor, labels: torch.Tensor):
-    """probmetrics ``get_calibrator("temp-scaling")``: bisection on the NLL's derivative in log(1/T), 30 steps."""
-    from probmetrics.calibrators import get_calibrator
-    from probmetrics.distributions import CategoricalLogits
-
-    calibrator = get_calibrator("temp-scaling")
-    calibrator.fit_torch(CategoricalLogits(logits), labels)
-    temperature = 1.0 / float(calibrator.invtemp_)
-    steps = calibrator.max_bisection_steps  # bisection_search takes exactly this many steps, one gradient pass each
-    return scaled(temperature), {"temperature": temperature, "iterations": steps, "evaluations": steps}
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    """Another library's temperature scaling: its row, what to import and install, how it is fitted (and said so)."""
-
-    label: str
-    module: str  # importing it proves the peer usable
-    distribution: str
-    install: str
-    fit: Callable[[torch.Tensor, torch.Tensor], tuple[Callable[[torch.Tensor], torch.Tensor], dict[str, Any]]]
-    how: str  # the call, for the notes
-
-    def missing(self) -> str | None:
-        """Why the peer cannot run here (the import error), or None."""
-        try:
-            importlib.import_module(self.module)
-        except ImportError as error:
-            return str(error)
-        return None
-
-
-PEERS = (
-    Peer(
-        "peer: torch-uncertainty TemperatureScaler", "torch_uncertainty.post_processing", "torch-uncertainty",
-        "torch-uncertainty lightning", fit_torch_uncertainty,
-        "`TemperatureScaler()` (no model: it fits on the loader's logits; LBFGS without line search, lr=0.1, "
-        "max_iter=100, on 1/T from T = 1), `.fit(DataLoader([(logits, labels)], batch_size=None), progress=False)`, "
-        "T = `1 / inv_temp` (its metadata leaves out lightning, which its `post_processing` package imports)",
-    ),
-    Peer(
-        "peer: netcal TemperatureScaling (mle)", "netcal.scaling", "netcal", "netcal", fit_netcal,
-        "`TemperatureScaling()` (`method=\"mle\"`: scipy `minimize`, L-BFGS-B with a finite-difference gradient, on "
-        "w = 1/T applied to log-probabilities, from w = 1), `.fit(softmax(logits) as float64 numpy, labels)` with the "
-        "softmax inside the timed fit, T = `1 / weights` (its `temperature` property returns w, i.e. 1/T). netcal "
-        "takes probabilities, not logits; from float32 probabilities the finite-difference step is below float32 "
-        "resolution, the gradient is 0 and the fit returns T = 1 unchanged (the symptom reported as netcal issue #61), hence float64",
-    ),
-    Peer(
-        "peer: probmetrics temp-scaling (bisection)", "probmetrics.calibrators", "probmetrics", "probmetrics numba",
-        fit_probmetrics,
-        "`get_calibrator(\"temp-scaling\")` (`TemperatureScalingCalibrator`: 30 bisection steps on the NLL's "
-        "derivative in log(1/T) ∈ [-16, 16]), `.fit_torch(CategoricalLogits(logits), labels)`, T = `1 / invtemp_` "
-        "(its metadata leaves out numba, which `probmetrics.calibrators` imports)",
-    ),
-)
 #: the rows that fit one temperature, which ours must beat in time at equal or better held-out NLL
 TS_RIVALS = (LBFGS_LOG_T, LBFGS_GUO, *(peer.label for peer in PEERS))
 
@@ -382,30 +258,19 @@ def announced_bounds(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[A
     return rows
 
 
-def peer_note(missing: dict[Peer, str | None]) -> str:
-    """The notes' bullet on the peers: version and call of each that ran, the reason for each that did not."""
-    parts = [
-        f"{peer.distribution} {version(peer.distribution)}: {peer.how}" if reason is None
-        else f"{peer.distribution}: **not run** ({reason}; `pip install {peer.install}`)"
-        for peer, reason in missing.items()
-    ]
-    return (
-        "- Peers, each with its default options on the same cached float32 logits, timed from the logits to a fitted "
-        "T (`pip install -e \".[bench]\"` installs them): " + "; ".join(parts) + ". `evals` counts their "
-        "`nn.CrossEntropyLoss` calls (torch-uncertainty, netcal) or bisection steps (probmetrics: one pass computing "
-        "the NLL's derivative each); they are scored with `z / T` for the T they found."
-    )
+@dataclasses.dataclass
+class Results:
+    """Rows of the fit-time table, the data's shape, the `logsumexp` floor in seconds and the peers not installed."""
+
+    rows: list[tuple]
+    count: int
+    classes: int
+    floor: float
+    missing: dict[Peer, str | None]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
-    parser.add_argument("--slow-repeats", type=int, default=1, help="rounds for matrix and Dirichlet (default 1)")
-    parser.add_argument(
-        "--skip-slow", action="store_true",
-        help="leave out matrix and Dirichlet (at full size, up to 10 L-BFGS fits of ~20 min each with the default λ selection; their rows then give the bound the library announces)",
-    )
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_logit_fits.py", args)
+def measure(args: argparse.Namespace) -> Results:
+    """Fit every contender in interleaved rounds on one draw; score the fits on it and on a second draw."""
     count, classes = (1_000, 50) if args.quick else (50_000, 1_000)
     logits, labels = make_logits(count, classes)
     held_logits, held_labels = make_logits(count, classes, seed=1)
@@ -420,6 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = result_rows(timings, fitted, floor, (logits, labels), (held_logits, held_labels), missing)
     if args.skip_slow:
         rows += announced_bounds(logits, labels)
+    return Results(rows, count, classes, floor, missing)
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, count, classes, floor = session.args, results.count, results.classes, results.floor
     lines = [
         *session.header("Logit-space calibrators: fit time", ("torch", "numpy", "scipy")),
         f"## {count:,} × {classes:,} float32 logits (labels ~ softmax(logits / {TRUE_TEMPERATURE:g}))",
@@ -427,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *_report.table(
             ("method", "median s", "runs", "logsumexp passes", "iterations", "NLL (fit)", "ECE (fit)", "NLL (held-out)",
              "ECE (held-out)", "accuracy (held-out)", "target"),
-            rows, "lrrrrrrrrrl",
+            results.rows, "lrrrrrrrrrl",
         ),
         "",
         "## Notes",
@@ -464,9 +334,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("- The Guo et al. baseline is their published recipe (`nn.Parameter(torch.ones(1) * 1.5)`, "
         "`optim.LBFGS([temperature], lr=0.01, max_iter=50)`); with lr=0.01 it can stop far from the optimum — "
         "compare its T and NLL."),
-        peer_note(missing),
+        peer_note(results.missing),
     ]
-    session.finish("\n".join(lines) + "\n", NAME)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=3, quick_repeats=1)
+    parser.add_argument("--slow-repeats", type=int, default=1, help="rounds for matrix and Dirichlet (default 1)")
+    parser.add_argument(
+        "--skip-slow", action="store_true",
+        help="leave out matrix and Dirichlet (at full size, up to 10 L-BFGS fits of ~20 min each with the default λ selection; their rows then give the bound the library announces)",
+    )
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_logit_fits.py", args)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

@@ -15,10 +15,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -30,13 +30,12 @@ with warnings.catch_warnings():
     import netcal  # noqa: F401  (its version goes into the report)
     from netcal.metrics import ECE as NetcalECE
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Timing, fmt_bytes  # noqa: E402
+import _report
+from _report import Timing, fmt_bytes
 
-from hf_calibrate.metrics import CalibrationMetrics, expected_calibration_error  # noqa: E402
-from hf_calibrate.metrics._checks import prepare_inputs  # noqa: E402
-from hf_calibrate.metrics.functional import (  # noqa: E402
+from hf_calibrate.metrics import CalibrationMetrics, expected_calibration_error
+from hf_calibrate.metrics._checks import prepare_inputs
+from hf_calibrate.metrics.functional import (
     calibration_error_from_statistics,
     equal_width_statistics,
     top_label,
@@ -229,23 +228,49 @@ def memory_table(rows: List[Tuple[int, str, int]], num_classes: int) -> List[str
     )
 
 
-def report(
-    results: Dict[Tuple[int, int], Dict[str, Timing]],
-    memory: List[Tuple[int, str, int]],
-    memory_classes: int,
-    args: argparse.Namespace,
-    session: _report.Session,
-) -> str:
+@dataclasses.dataclass
+class Results:
+    """Timings per (N, C) case, the streaming-state rows (N, accumulator, bytes) and the C they were measured at."""
+
+    timings: Dict[Tuple[int, int], Dict[str, Timing]]
+    memory: List[Tuple[int, str, int]]
+    memory_classes: int
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Time every contender on each (N, C) case; measure the streaming state on the first case's C."""
+    scale = 100 if args.quick else 1
+    cases = [(1_000_000 // scale, 100), (100_000 // scale, 1000)]
+    memory_sizes = [100_000 // scale, 1_000_000 // scale]
+
+    results: Dict[Tuple[int, int], Dict[str, Timing]] = {}
+    memory: List[Tuple[int, str, int]] = []
+    for num_samples, num_classes in cases:
+        probs, labels = make_data(num_samples, num_classes)
+        print(f"timing N={num_samples:,} C={num_classes:,} …", file=sys.stderr, flush=True)
+        results[(num_samples, num_classes)] = time_contenders(
+            probs, labels, args.repeats, list(CONTENDERS), args.netcal_repeats
+        )
+        if num_classes == cases[0][1]:
+            print("memory …", file=sys.stderr, flush=True)
+            memory = memory_rows(probs, labels, memory_sizes)
+        del probs, labels
+        gc.collect()
+    return Results(results, memory, cases[0][1])
+
+
+def report(session: _report.Session, results: Results) -> str:
     """The Markdown document: machine, speed table, memory table, method notes."""
+    args = session.args
     lines = [
         *session.header("Calibration metrics: speed and memory", ("torch", "torchmetrics", "netcal", "numpy")),
         f"## Top-label ECE, {N_BINS} equal-width bins, float32 probabilities",
         "",
-        *speed_table(results),
+        *speed_table(results.timings),
         "",
         f"## Streaming state after N samples (batches of {BATCH:,})",
         "",
-        *memory_table(memory, memory_classes),
+        *memory_table(results.memory, results.memory_classes),
         "",
         "## Notes",
         "",
@@ -284,24 +309,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--netcal-repeats", type=int, default=3, help="rounds for netcal, the slowest")
     args = _report.parse(parser, argv)
     session = _report.Session("bench_metrics.py", args)
-    scale = 100 if args.quick else 1
-    cases = [(1_000_000 // scale, 100), (100_000 // scale, 1000)]
-    memory_sizes = [100_000 // scale, 1_000_000 // scale]
-
-    results: Dict[Tuple[int, int], Dict[str, Timing]] = {}
-    memory: List[Tuple[int, str, int]] = []
-    for num_samples, num_classes in cases:
-        probs, labels = make_data(num_samples, num_classes)
-        print(f"timing N={num_samples:,} C={num_classes:,} …", file=sys.stderr, flush=True)
-        results[(num_samples, num_classes)] = time_contenders(
-            probs, labels, args.repeats, list(CONTENDERS), args.netcal_repeats
-        )
-        if num_classes == cases[0][1]:
-            print("memory …", file=sys.stderr, flush=True)
-            memory = memory_rows(probs, labels, memory_sizes)
-        del probs, labels
-        gc.collect()
-    session.finish(report(results, memory, cases[0][1], args, session), NAME)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

@@ -30,27 +30,26 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
-import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from _report import Measured, Timing  # noqa: E402
+import _report
+from _report import Measured, Timing
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.backbones import adapt  # noqa: E402
-from hf_calibrate.calibrators import focal_loss  # noqa: E402
-from hf_calibrate.data import prepare_data  # noqa: E402
-from hf_calibrate.fitting import Engine, EngineOptions  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import adapt
+from hf_calibrate.calibrators import focal_loss
+from hf_calibrate.data import prepare_data
+from hf_calibrate.fitting import Engine, EngineOptions
 
 NAME = "nc_cost"
 TARGET = 1.15  # ours / floor (docs/design.md §6)
@@ -119,7 +118,8 @@ def per_epoch(run: Callable[[], None], epochs: int) -> Measured:
     return Measured(seconds)
 
 
-def measure(kind: str, image_size: int, count: int, batch: int, epochs: int, rounds: int, warmup: int = 1) -> Dict[str, Timing]:
+def measure_model(kind: str, image_size: int, count: int, batch: int, epochs: int, rounds: int, warmup: int = 1) -> Dict[str, Timing]:
+    """Per-epoch timings of the four contenders on one model, interleaved over ``rounds``."""
     model = build(kind, image_size)
     x, y = _report.synthetic_images(model, count, image_size)
     reference_state: Dict[str, Any] = {}
@@ -152,9 +152,36 @@ def profile_ours(kind: str, image_size: int, count: int, batch: int, epochs: int
     return stream.getvalue()
 
 
-def report(results: Dict[str, Dict[str, Timing]], sizes: Dict[str, Any], args: Any, session: _report.Session, profile: str) -> str:
+@dataclasses.dataclass
+class Results:
+    """Per-model timings (model kind → contender → per-epoch seconds), the sizes used and an optional profile."""
+
+    timings: Dict[str, Dict[str, Timing]]
+    sizes: Dict[str, Any]
+    profile: str
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Time every model named in ``--models``; profile one `ours` fit with ``--profile``."""
+    if args.quick:
+        sizes = dict(image_size=16, count=32, batch=16, epochs=1)
+    else:
+        sizes = dict(image_size=64, count=512, batch=128, epochs=2)
+    timings = {}
+    for kind in args.models.split(","):
+        timings[kind] = measure_model(kind, sizes["image_size"], sizes["count"], sizes["batch"], sizes["epochs"], args.repeats,
+                                      warmup=0 if args.quick else 1)
+    profile = ""
+    if args.profile:
+        profile = profile_ours("timm resnet18", sizes["image_size"], sizes["count"], sizes["batch"], sizes["epochs"])
+    return Results(timings, sizes, profile)
+
+
+def _rows(results: Results) -> Tuple[List[tuple], List[tuple]]:
+    """Rows of the seconds-per-epoch table and of the targets table."""
+    sizes = results.sizes
     rows, verdicts = [], []
-    for kind, timings in results.items():
+    for kind, timings in results.timings.items():
         floor = timings["floor"].median
         for name in CONTENDERS:
             timing = timings[name]
@@ -168,6 +195,12 @@ def report(results: Dict[str, Dict[str, Timing]], sizes: Dict[str, Any], args: A
             (kind, f"{ours:.3f}×", _report.verdict(ours <= TARGET), f"{reference:.3f}×",
              _report.verdict(ours < reference), f"{_report.paired_ratio(timings['reference style'], timings['ours']):.2f}×")
         )
+    return rows, verdicts
+
+
+def report(session: _report.Session, results: Results) -> str:
+    args, sizes = session.args, results.sizes
+    rows, verdicts = _rows(results)
     lines = [
         *session.header("Neural Clamping fit: cost per epoch", ("torch", "timm", "transformers", "accelerate")),
         f"## Seconds per epoch ({sizes['count']} images of 3×{sizes['image_size']}×{sizes['image_size']}, batch "
@@ -212,8 +245,8 @@ def report(results: Dict[str, Dict[str, Timing]], sizes: Dict[str, Any], args: A
         "patches) are built from configs with random weights (`pretrained=False`); the images are seeded "
         "N(0, 1) tensors (already \"normalised\") and the labels are drawn from each model's own softmax.",
     ]
-    if profile:
-        lines += ["", "## cProfile of one `ours` fit (timm resnet18; sorted by own time)", "", "```", profile.strip(), "```"]
+    if results.profile:
+        lines += ["", "## cProfile of one `ours` fit (timm resnet18; sorted by own time)", "", "```", results.profile.strip(), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -223,18 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--models", default="timm resnet18,transformers ViT", help="comma-separated subset")
     args = _report.parse(parser, argv)
     session = _report.Session("bench_nc_cost.py", args)
-    if args.quick:
-        sizes = dict(image_size=16, count=32, batch=16, epochs=1)
-    else:
-        sizes = dict(image_size=64, count=512, batch=128, epochs=2)
-    results = {}
-    for kind in args.models.split(","):
-        results[kind] = measure(kind, sizes["image_size"], sizes["count"], sizes["batch"], sizes["epochs"], args.repeats,
-                                warmup=0 if args.quick else 1)
-    profile = ""
-    if args.profile:
-        profile = profile_ours("timm resnet18", sizes["image_size"], sizes["count"], sizes["batch"], sizes["epochs"])
-    session.finish(report(results, sizes, args, session, profile), NAME)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

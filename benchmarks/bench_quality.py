@@ -29,12 +29,13 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import copy
+import dataclasses
 import math
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,14 +43,13 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from hf_calibrate import CalibratedModel  # noqa: E402
-from hf_calibrate.backbones import adapt  # noqa: E402
-from hf_calibrate.corruptions import corrupted_versions  # noqa: E402
-from hf_calibrate.data import prepare_data  # noqa: E402
-from hf_calibrate.metrics import calibration_report  # noqa: E402
+from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import adapt
+from hf_calibrate.corruptions import corrupted_versions
+from hf_calibrate.data import prepare_data
+from hf_calibrate.metrics import calibration_report
 
 NAME = "quality"
 LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
@@ -278,18 +278,25 @@ def _paired_table(runs: List[Tuple[Dict, Dict]], methods: Sequence[str]) -> List
     return lines + [""]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
-    parser.add_argument("--models", default=None, help="comma-separated subset of digits_cnn,digits_vit,bbc_minilm")
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_quality.py", args)
+@dataclasses.dataclass
+class ModelRuns:
+    """One zoo model's data sets, Neural Clamping schedule and per-seed (results, facts) runs."""
+
+    model_name: str
+    sets: _Sets
+    runs: List[Tuple[Dict, Dict]]
+    nc_options: Dict[str, Any]
+
+
+def measure(args: argparse.Namespace) -> List[ModelRuns]:
+    """Every method on each model of ``--models``, one run per seed (``--repeats`` seeds)."""
+    from datasets import concatenate_datasets
+
     models = args.models.split(",") if args.models else (["digits_cnn"] if args.quick else ["digits_cnn", "digits_vit", "bbc_minilm"])
     seeds = list(range(args.repeats))  # --repeats is the number of seeds here
-    body: List[str] = []
+    measured = []
     for model_name in models:
         demo = _zoo(model_name)
-        from datasets import concatenate_datasets
-
         pool = concatenate_datasets([demo.dataset["calibration"], demo.dataset["test"]])
         modality = "text" if model_name == "bbc_minilm" else "image"
         sets = _Sets(demo, pool, modality, args.quick)
@@ -299,12 +306,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             started = time.perf_counter()
             runs.append(run_seed(sets, seed, nc_options, args.quick))
             print(f"{model_name} seed {seed}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-        body += _tables(model_name, sets, runs, nc_options)
+        measured.append(ModelRuns(model_name, sets, runs, nc_options))
+    return measured
+
+
+def report(session: _report.Session, results: List[ModelRuns]) -> str:
+    body: List[str] = []
+    for model in results:
+        body += _tables(model.model_name, model.sets, model.runs, model.nc_options)
     header = session.header(
         "Calibration quality of every method", ["torch", "timm", "transformers"],
         extra="Seeds = `--repeats`. Fit seconds are medians over seeds (logit and head methods on cached outputs; Neural Clamping on the model).",
     )
-    session.finish("\n".join(header + body), NAME)
+    return "\n".join(header + body)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
+    parser.add_argument("--models", default=None, help="comma-separated subset of digits_cnn,digits_vit,bbc_minilm")
+    args = _report.parse(parser, argv)
+    session = _report.Session("bench_quality.py", args)
+    session.finish(report(session, measure(args)), NAME)
     return 0
 
 

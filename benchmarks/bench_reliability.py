@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -88,7 +89,12 @@ def artifact_counts(fuzz_iterations: int) -> Dict[str, Dict[str, int]]:
     return json.loads(result.stdout[result.stdout.index("{"):])
 
 
-def markdown(counts: Dict[str, Dict[str, int]], session: _report.Session) -> str:
+def measure(args: argparse.Namespace) -> Dict[str, Dict[str, int]]:
+    """Outcome counts per group: the input tests under pytest, then the artifact cases as a script."""
+    return {**input_counts(), **artifact_counts(100 if args.quick else args.fuzz)}
+
+
+def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
     totals: collections.Counter = collections.Counter()
     rows = []
     for group, row in counts.items():
@@ -114,8 +120,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--fuzz", type=int, default=1000, help="fuzz mutations of a valid artifact (default 1000; --quick: 100)")
     args = _report.parse(parser, argv)
     session = _report.Session("bench_reliability.py", args)
-    counts = {**input_counts(), **artifact_counts(100 if args.quick else args.fuzz)}
-    session.finish(markdown(counts, session), "reliability")
+    session.finish(report(session, measure(args)), "reliability")
 
 
 if __name__ == "__main__":

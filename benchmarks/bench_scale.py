@@ -28,21 +28,21 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
 NAME = "scale"
 CLASSES, IMAGE, BATCH = 10, (3, 16, 16), 256
@@ -203,6 +203,22 @@ def throughput(count: int, rounds: int) -> Tuple[_report.Timing, ...]:
     return tuple(timings[name] for name in contenders)
 
 
+@dataclasses.dataclass
+class Results:
+    """{stage: {N: point}} memory, the throughput timings (bare, scan, as loaded, loader) and their N."""
+
+    memory: Dict[str, Dict[int, Dict[str, float]]]
+    timings: Tuple[_report.Timing, ...]
+    count: int
+
+
+def measure(args: argparse.Namespace) -> Results:
+    """Memory against N (fresh processes on a full run), then the interleaved throughput rounds."""
+    memory = memory_table(QUICK_SIZES if args.quick else SIZES, args.threads, fresh=not args.quick, runs=1 if args.quick else MEMORY_RUNS)
+    count = QUICK_THROUGHPUT_N if args.quick else THROUGHPUT_N
+    return Results(memory, throughput(count, args.repeats), count)
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -212,8 +228,9 @@ def _memory_cell(point: Dict[str, float]) -> str:
     return cell if point["low"] == point["high"] else f"{cell} ({_report.fmt_bytes(point['low'])}–{_report.fmt_bytes(point['high'])})"
 
 
-def report(session: _report.Session, memory: Dict[str, Dict[int, Dict[str, float]]], timings, count: int) -> str:
-    bare, scan, as_loaded, loader = timings
+def report(session: _report.Session, results: Results) -> str:
+    memory, count = results.memory, results.count
+    bare, scan, as_loaded, loader = results.timings
     sizes = list(memory["logits"])
     rows = [(f"{n:,}", *(_memory_cell(memory[stage][n]) for stage in STAGES),
              f"{memory['nc'][n]['seconds']:.1f}") for n in sizes]
@@ -261,9 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     args = _report.parse(_report.parser(__doc__, default_repeats=5, quick_repeats=2), argv)
     session = _report.Session("bench_scale.py", args)
-    memory = memory_table(QUICK_SIZES if args.quick else SIZES, args.threads, fresh=not args.quick, runs=1 if args.quick else MEMORY_RUNS)
-    count = QUICK_THROUGHPUT_N if args.quick else THROUGHPUT_N
-    session.finish(report(session, memory, throughput(count, args.repeats), count), NAME)
+    session.finish(report(session, measure(args)), NAME)
 
 
 if __name__ == "__main__":

@@ -103,12 +103,11 @@ def hf_home(tmp_path_factory):
 def single_thread():
     """One torch thread for a module of small tensors: intra-op threads gain nothing there, and on a busy
     machine every parallel region waits for a descheduled thread (~10 ms per op; a metrics module ran 5× slower).
+    One thread also keeps float results identical between a test process and the fresh processes some tests start.
 
-    Use with ``pytestmark = pytest.mark.usefixtures("single_thread")``.
+    Use with ``pytestmark = pytest.mark.usefixtures("single_thread")`` (the one copy of this fixture).
     """
-    import torch
+    from _tiny_models import torch_threads
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with torch_threads(1):
+        yield

@@ -13,7 +13,7 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict
 
 import pytest
 import torch
@@ -28,10 +28,7 @@ CONFIG = "calibration_config.json"
 WEIGHTS = "calibration.safetensors"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -20,10 +20,7 @@ from hf_calibrate.serialization import CARD_MARKER, saving
 USER_CARD = "---\nlicense: mit\n---\n# My model\n\nMy own words.\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 @pytest.fixture(scope="module")

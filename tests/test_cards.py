@@ -8,7 +8,7 @@ import copy
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import datasets
 import pytest
@@ -28,10 +28,7 @@ METRICS = ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier")
 SIDES = ("uncalibrated", "calibrated")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 @pytest.fixture(scope="module")

@@ -27,23 +27,16 @@ from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from transformers import TimmWrapperForImageClassification, pipeline
 from transformers.models.timm_wrapper import TimmWrapperImageProcessor
 
-import _tiny_models as tm
 from hf_calibrate import CalibratedModel, metrics
 from hf_calibrate.evaluator import SIDES, TIME_KEYS, as_evaluation, calibration_evaluator, metric_values
 
-pytestmark = pytest.mark.usefixtures("hf_home")
+pytestmark = pytest.mark.usefixtures("hf_home", "single_thread")  # conftest.py: single_thread, one torch thread
 
 METRICS_DIR = Path(__file__).resolve().parents[1] / "evaluate_metrics"
 KEYS = ("ece", "nll", "brier")
 DEFINITIONS = {"ece": metrics.expected_calibration_error, "nll": metrics.negative_log_likelihood, "brier": metrics.brier_score}
 #: pipelines give float32 softmax scores, CalibratedModel.evaluate float64 softmax of float32 logits
 TOLERANCE = 1e-6
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
 
 
 def _spread(split: datasets.Dataset, rows: int) -> datasets.Dataset:

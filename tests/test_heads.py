@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import MaskedClassifierHead, VariationalTwoStageHead
 from hf_calibrate.fitting import FeatureStore
@@ -20,10 +19,7 @@ from hf_calibrate.serialization import weights_fingerprint
 HEADS = ("tst", "vtst", "mac_cal")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 def mixture(n: int, seed: int, classes: int = 4, dim: int = 8):

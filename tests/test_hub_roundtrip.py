@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 import timm
@@ -82,10 +82,7 @@ def _key(kind: str, method: str, reference: bool = False) -> str:
     return f"{kind}-{method}{'-ref' if reference else ''}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 @pytest.fixture(scope="module")

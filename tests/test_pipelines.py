@@ -17,7 +17,7 @@ the same preprocessed input (to 1e-6), and differ from the uncalibrated softmax.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -31,10 +31,7 @@ TASKS = {"timm": "image-classification", "vit": "image-classification", "bert": 
 TEMPERATURE = 0.2  # set on the fitted calibration: clearly not 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 def _preprocessor(kind: str, base: Any, default: Any) -> Any:

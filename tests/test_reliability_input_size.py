@@ -27,7 +27,7 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 import timm
@@ -64,10 +64,7 @@ RELOAD_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with tm.torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 def _labelled(model: torch.nn.Module, pixels: torch.Tensor, seed: int = 0) -> TensorDataset:

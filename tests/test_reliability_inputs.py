@@ -30,7 +30,7 @@ from hf_calibrate.metrics import CalibrationMetrics, calibration_report, expecte
 from hf_calibrate.serialization import weights_fingerprint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tiny_models import LABELS, image_data, tiny_timm, torch_threads  # noqa: E402
+from _tiny_models import LABELS, image_data, tiny_timm  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
@@ -40,10 +40,7 @@ FAST = {"neural_clamping": dict(epochs=1, holdout_fraction=0.0), "tst": dict(epo
 BAD_SAMPLE = 57
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
 
 @pytest.fixture(scope="module")
