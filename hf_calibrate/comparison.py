@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import evaluation, reporting
+from . import evaluation, model_evaluation, reporting
 from ._atomic import write_text_atomically
 from .metrics import CalibrationMetrics, Interval, interval_report
 from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER
@@ -63,7 +63,7 @@ def _accumulators(models: Dict[str, Any], data: Any, own: Dict[str, Any], option
     """{name: calibrated accumulator} of every model, and the base's under :data:`UNCALIBRATED` (first)."""
     scored: Dict[str, CalibrationMetrics] = {}
     for name, model in models.items():
-        uncalibrated, calibrated = model._accumulate(data, own, dict(options))
+        uncalibrated, calibrated = model_evaluation.accumulate(model, data, own, dict(options))
         scored.setdefault(UNCALIBRATED, uncalibrated)
         scored[name] = calibrated
     return scored

@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 import _tiny_models as tm
+import hf_calibrate._atomic as _atomic
 import hf_calibrate.cards as cards
 import hf_calibrate.serialization as serialization
 from hf_calibrate import CalibratedModel
@@ -203,3 +204,50 @@ def test_saving_onto_a_file_is_refused(models, tmp_path):
         models["first"].save_pretrained(target)
     assert target.read_bytes() == b"precious"
     assert _leftovers(tmp_path, target.name) == []
+
+
+# ----------------------------------------------------------------------------- the one atomic-write helper (_atomic)
+
+
+def test_write_atomically_replaces_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "result.json"
+    _atomic.write_text_atomically(path, "old")
+    with pytest.raises(RuntimeError, match="half written"):
+        _atomic.write_atomically(path, lambda stream: (stream.write(b"new, but"), _raise(RuntimeError("half written"))))
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+    _atomic.write_text_atomically(path, "new é")
+    assert path.read_bytes() == "new é".encode("utf-8")
+
+
+def test_durable_write_through_a_scratch_folder_leaves_nothing_there(tmp_path, monkeypatch):
+    """The save journal's form: written in the staging folder, flushed, renamed into place; a failed rename
+    leaves the target as it was and no temporary in the scratch folder."""
+    scratch, path = tmp_path / "staging", tmp_path / "journal.json"
+    scratch.mkdir()
+    _atomic.write_text_atomically(path, '{"a": 1}', durable=True, scratch_folder=scratch)
+    assert path.read_text() == '{"a": 1}' and list(scratch.iterdir()) == []
+    _fail_replace(monkeypatch, lambda name, _: name == path.name)
+    with pytest.raises(OSError, match="simulated failure"):
+        _atomic.write_text_atomically(path, '{"a": 2}', durable=True, scratch_folder=scratch)
+    assert path.read_text() == '{"a": 1}' and list(scratch.iterdir()) == []
+
+
+def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path):
+    target = tmp_path / "model-abc"
+    with _atomic.atomic_folder(target) as scratch:
+        (scratch / "mine.txt").write_text("mine")
+        target.mkdir()
+        (target / "theirs.txt").write_text("theirs")
+    assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
+    assert [p.name for p in target.iterdir()] == ["theirs.txt"]
+    with pytest.raises(RuntimeError), _atomic.atomic_folder(tmp_path / "broken") as scratch:
+        (scratch / "half.bin").write_bytes(b"0")
+        raise RuntimeError("training failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
+    with _atomic.atomic_folder(tmp_path / "fresh") as scratch:
+        (scratch / "weights.bin").write_bytes(b"1")
+    assert (tmp_path / "fresh" / "weights.bin").read_bytes() == b"1"
+
+
+def _raise(error: BaseException) -> None:
+    raise error

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set
 from safetensors.torch import save_file
 from torch import nn
 
+from .._atomic import fsync_path, write_text_atomically
 from ..calibrators import Calibrator
 from .files import (
     BASE_FOLDER,
@@ -229,7 +230,7 @@ def _apply_journal(root: Path, journal: Dict[str, Any]) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     _step("staging removed")
     os.unlink(root / JOURNAL_FILE)
-    _fsync(root)
+    fsync_path(root)
     _step("journal removed")
 
 
@@ -240,19 +241,6 @@ def _prune_empty_parents(root: Path, folder: Path) -> None:
         except OSError:
             return
         folder = folder.parent
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or folder to disk (best effort: some platforms cannot open folders)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def list_files(folder: Path) -> List[str]:
@@ -314,12 +302,9 @@ def _prepare(root: Path, staging: Path, record: Dict[str, Any], *, keep_user_car
 def _commit(root: Path, staging: Path, journal: Dict[str, Any]) -> None:
     """Flush the staged files, then atomically publish the journal: from here the save rolls forward."""
     for name in journal["write"]:
-        _fsync(staging / name)
-    temporary = staging / ".journal"
-    temporary.write_text(json.dumps(journal), encoding="utf-8")
-    _fsync(temporary)
-    os.replace(temporary, root / JOURNAL_FILE)
-    _fsync(root)
+        fsync_path(staging / name)
+    # written in the staging folder, which a killed save's recovery removes; the rename is the commit point
+    write_text_atomically(root / JOURNAL_FILE, json.dumps(journal), durable=True, scratch_folder=staging)
     _step("committed")
 
 

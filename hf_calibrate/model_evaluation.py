@@ -1,0 +1,213 @@
+"""Evaluating calibrated models: ``evaluate``'s keywords, the one evaluation pass, its JSON result (docs/design.md §2, §3.0).
+
+Every evaluation of a calibrated model goes through :func:`accumulate`: its keywords checked, the
+calibrated preprocessing made the default, one :class:`~hf_calibrate.fitting.Engine` over the data
+(every process scores its share under Accelerate; the accumulators are summed when computed), and
+the base's and the calibrated model's logits added to a before/after pair of accumulators
+(:mod:`hf_calibrate.scoring`). :meth:`CalibratedModel.evaluate` and
+:func:`~hf_calibrate.modeling.fit_and_evaluate` summarize the pair (:func:`evaluate_model`);
+:func:`hf_calibrate.comparison.compare` pairs the calibrated sides of several models. An uncalibrated
+model's own metrics (the CLI's ``evaluate`` of a plain model) come from :func:`evaluate_base_model`.
+
+:meth:`CalibratedModel.evaluate`'s result is plain JSON data (``json.dumps`` takes it)::
+
+    {"uncalibrated": metrics, "calibrated": metrics, "reliability": {side: bins},
+     "dataset": str, "split": str or None, "n_bins": int, "in_sample": bool,
+     "calibration_dataset": str, "calibration_split": str or None,
+     "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}
+
+where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
+their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads
+them back; the plotting functions take them as they are); :mod:`hf_calibrate.evaluation` describes
+the intervals and verdicts.
+
+The warnings raised under :func:`accumulate` that point at the user's line count on the call
+depth ``user → evaluate / compare / fit_and_evaluate → evaluate_model / one helper → accumulate``;
+keep that depth (no decorators that add frames).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import evaluation, reporting, scoring
+from .backbones import adapt
+from .backbones.preprocessing import evaluation_options
+from .calibrators import calibrator_class
+from .data import prepare_data
+from .data.sources import is_one_shot
+from .fitting.calibrate import engine_options, fit_calibration
+from .fitting.engine import Engine, EngineOptions
+from .metrics import CalibrationMetrics
+from .metrics._checks import check_n_bins
+
+if TYPE_CHECKING:
+    from .modeling import CalibratedModel
+
+#: ``evaluate``'s own keywords (beside the engine options) and their defaults
+EVALUATION_KEYWORDS: Dict[str, Any] = {
+    "n_bins": 15, "dataset_name": None, "split": None, "in_sample": None, "bootstrap": evaluation.DEFAULT_BOOTSTRAP,
+}
+#: engine options that change no base logit: a fit and an evaluation may differ in them and share the base's pass
+PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed", "cache_bytes")
+#: base logits (N, C) float32 and labels (N,) of every sample of the evaluation data, in dataset order
+KeptLogits = Tuple[torch.Tensor, torch.Tensor]
+
+
+def check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> None:
+    """``evaluate``'s arguments (``own``: its :data:`EVALUATION_KEYWORDS`; ``options``: engine options),
+    checked before any work (``fit_and_evaluate`` checks them before fitting)."""
+    check_n_bins(own["n_bins"])
+    evaluation.check_bootstrap(own["bootstrap"])
+    for name in ("dataset_name", "split"):
+        if own[name] is not None and not isinstance(own[name], str):
+            raise TypeError(f"{name} must be a string or None, got {own[name]!r} ({type(own[name]).__name__}).")
+    if own["in_sample"] is not None and not isinstance(own["in_sample"], bool):
+        raise TypeError(f"in_sample must be True, False or None, got {own['in_sample']!r}.")
+    engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS))
+
+
+def accumulate(
+    model: "CalibratedModel", data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
+    """The (uncalibrated, calibrated) accumulators of ``model`` on labelled ``data``, arguments checked.
+
+    ``own``: :data:`EVALUATION_KEYWORDS`; ``options``: engine options (the preprocessor defaults to the
+    model's own); ``kept``: the base logits and labels of every sample of ``data`` (from the fit), used
+    instead of running the base model again.
+    """
+    check_evaluation_arguments(own, options)
+    options = evaluation_options(model.provenance.get("input_contract"), options, model.preprocessor)
+    engine = Engine(engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
+    scorer = scoring.Scorer(model.backbone, model.calibrator, lambda inputs: model._calibrated_forward(inputs)[0])
+    needs_data = kept is None or not scorer.logit_space or not is_one_shot(data)  # a read generator is not read again
+    with torch.no_grad():
+        prepared = prepare_data(data, model.backbone, **engine.options.data_options()) if needs_data else None
+        model.to(engine.device)
+        return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
+
+
+def evaluate_model(
+    model: "CalibratedModel", data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+) -> Dict[str, Any]:
+    """:meth:`CalibratedModel.evaluate`'s JSON result (arguments as :func:`accumulate`), also kept as the model's
+    ``last_evaluation``."""
+    uncalibrated, calibrated = accumulate(model, data, own, options, kept=kept)
+    with torch.no_grad():
+        result = {
+            **evaluation.summarize(uncalibrated, calibrated),
+            "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
+            "dataset": own["dataset_name"] or reporting.data_display_name(data),
+            "split": own["split"] or reporting.data_split(data),
+            "n_bins": own["n_bins"],
+            "in_sample": own["in_sample"] if own["in_sample"] is not None else model.fitted_on(data),
+            "calibration_dataset": model.provenance.get("dataset_name"),
+            "calibration_split": model.provenance.get("split"),
+        }
+    model.last_evaluation = result
+    return result
+
+
+def same_base_pass(fit_options: Dict[str, Any], evaluation_settings: Dict[str, Any]) -> bool:
+    """Whether an evaluation with ``evaluation_settings`` runs the base model over the data exactly as a fit with
+    ``fit_options`` does: the same preprocessing, batches, precision and processes (an unset evaluation
+    ``preprocessor`` is the calibrated model's own, the fit's)."""
+    names = {field.name for field in dataclasses.fields(EngineOptions)} - set(PASS_NEUTRAL_OPTIONS)
+    for name in names:
+        fitted, evaluated = fit_options.get(name), evaluation_settings.get(name)
+        if name == "preprocessor" and evaluated is None:
+            continue
+        if evaluated is not fitted and evaluated != fitted:
+            return False
+    return True
+
+
+def require_logit_space_for_one_pass(method: str, reuse: bool) -> None:
+    """Refuse, before fitting, to fit and evaluate on one-shot data when the evaluation would have to read them again."""
+    cls = calibrator_class(method)
+    if reuse and not (cls.needs_features or cls.needs_base_model):
+        return
+    raise ValueError(
+        f"the calibration data can be read only once (a generator or other iterator), and evaluating a {method!r} "
+        "calibration on them reads them a second time"
+        + ("" if reuse else " (the evaluation runs the base model with other options than the fit)")
+        + ". Pass a callable that returns a new iterator each time it is called, or a re-iterable (a list of batches, "
+        "a DataLoader, an IterableDataset)."
+    )
+
+
+def fit_and_evaluate(
+    model: nn.Module, calibration_data: Any, evaluation_data: Any = None, *, method: str = "neural_clamping",
+    validation_data: Any = None, temperature_data: Any = None, dataset_name: Optional[str] = None,
+    split: Optional[str] = None, evaluation_options: Optional[Dict[str, Any]] = None, **options: Any,
+) -> Tuple["CalibratedModel", Dict[str, Any]]:
+    """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
+
+    The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
+    validation_data=validation_data, temperature_data=temperature_data, dataset_name=dataset_name,
+    split=split, **options)`` followed by ``calibrated.evaluate(evaluation_data, **evaluation_options)``
+    (``evaluation_data`` None: the calibration data, an in-sample evaluation; ``evaluation_options``:
+    ``n_bins``, ``dataset_name``, ``split``, ``in_sample`` and engine options).
+
+    When the evaluation data are the calibration data (None or the same object) and the evaluation
+    runs the base model as the fit did (the same engine options, except ``progress``,
+    ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
+    computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
+    calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
+    Clamping and the head methods run the calibrated model once (δ and the new head need it). The
+    kept logits (N × C float32) live only during this call.
+
+    Evaluation options are checked before the fit starts. For data whose items are deterministic
+    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit:
+    every method's first pass runs the base model over the whole calibration data in the batches an
+    evaluation uses. A one-shot stream (a generator) can be fitted and evaluated here with a
+    logit-space method, whose evaluation reads no input.
+
+    Returns:
+        (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
+    """
+    from .modeling import CalibratedModel
+
+    evaluation_settings = dict(evaluation_options or {})
+    own = {key: evaluation_settings.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
+    check_evaluation_arguments(own, evaluation_settings)
+    in_sample = evaluation_data is None or evaluation_data is calibration_data
+    reuse = in_sample and same_base_pass(options, evaluation_settings)
+    if in_sample and is_one_shot(calibration_data):
+        require_logit_space_for_one_pass(method, reuse)
+    fitted = fit_calibration(
+        model, (calibration_data, validation_data, temperature_data), method, options,
+        naming=(dataset_name, split), keep_logits=reuse,
+    )
+    calibrated = CalibratedModel._from_fit(model, fitted)
+    data = calibration_data if evaluation_data is None else evaluation_data
+    return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
+
+
+def evaluate_base_model(
+    model: nn.Module, data: Any, *, n_bins: int, dataset_name: str, split: Optional[str], bootstrap: int, **options: Any
+) -> Dict[str, Any]:
+    """Metrics of an uncalibrated model's own logits, shaped like :meth:`CalibratedModel.evaluate`'s ``uncalibrated`` side
+    (with its ``reliability``, ``dataset``, ``split``, ``n_bins`` and, when bootstrapped, ``bootstrap``).
+
+    ``options``: engine options. The engine gathers every batch's logits on every process, so each process
+    computes the same metrics without a further collective.
+    """
+    bootstrap = evaluation.check_bootstrap(bootstrap)
+    engine = Engine(EngineOptions(**options))
+    backbone = adapt(model)
+    model.to(engine.device).eval()
+    prepared = prepare_data(data, backbone, **engine.options.data_options())
+    metrics = evaluation.accumulators(backbone.num_classes, n_bins, bootstrap, engine.options.seed)[0]
+    logits, labels = engine.scan(prepared, backbone.logits, num_classes=backbone.num_classes, description="evaluating")
+    metrics.update(logits, labels, sample_index=torch.arange(len(labels)), from_logits=True)
+    result = {"uncalibrated": evaluation.summarize_one(metrics, sync=False),
+              "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
+              "dataset": dataset_name, "split": split, "n_bins": n_bins}
+    if bootstrap:
+        result["bootstrap"] = evaluation.bootstrap_settings(metrics)
+    return result
