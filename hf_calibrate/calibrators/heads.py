@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,13 @@ PREDICTIONS = ("sample", "mean")
 #: Default head schedule: the paper's 40 epochs, stretched to at least this many Adam steps (the
 #: authors' CIFAR-10 budget: 40 epochs × 157 batches of 256 ≈ 6,250 steps)
 DEFAULT_EPOCHS, MIN_DEFAULT_STEPS = 40, 6000
+#: salts of the seeded generators (the fit's ``seed`` and a salt make one generator) of the heads' own draws
+NOISE_SALT, MASK_SEED_SALT = 0x7E57, 0x3A5C
+#: Jordahn & Olmos (ICML 2024), the paper of TST and V-TST
+JORDAHN_OLMOS_2024_CITATION = (
+    "@inproceedings{jordahn2024decoupling, title={Decoupling Feature Extraction and Classification Layers for "
+    "Calibrated Neural Networks}, author={Jordahn, Mikkel and Olmos, Pablo M.}, booktitle={ICML}, year={2024}}"
+)
 
 
 @dataclasses.dataclass
@@ -109,9 +116,15 @@ class HeadOptions:
 
 
 class HeadCalibrator(Calibrator):
-    """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted)."""
+    """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted).
+
+    The family's fit (:mod:`hf_calibrate.fitting.heads`) trains the head on cached features and
+    calls the hooks a method overrides: :meth:`prepare_training` once, :meth:`training_loss` per
+    batch, :meth:`epoch_facts` and :meth:`after_validation` per epoch.
+    """
 
     needs_features = True
+    Options = HeadOptions
     #: name of the base's classifier layer the head replaces (set by the fit)
     classifier: Optional[str] = None
 
@@ -127,9 +140,30 @@ class HeadCalibrator(Calibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
+    def prepare_training(
+        self, base_classifier: nn.Linear, options: HeadOptions, training_generator: torch.Generator,
+        seeded: Callable[[int], torch.Generator],
+    ) -> None:
+        """Set the head up before its first epoch (default: nothing beyond its seeded initial weights).
+
+        Args:
+            base_classifier: the base's classifier layer the head replaces (C × d weights).
+            options: the fit's options.
+            training_generator: the generator of the training batches' order and of per-step draws.
+            seeded: ``salt -> torch.Generator`` seeded by the fit's seed and ``salt``.
+        """
+
     def training_loss(self, features: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Loss of one training batch (the head is in train mode)."""
+        """Loss of one training batch: (B, d) features, (B,) labels (the head is in train mode)."""
         return F.cross_entropy(self.head_module(features), labels)
+
+    def epoch_facts(self) -> Dict[str, Any]:
+        """Facts of the head's state this epoch, added to the epoch's record in the fit history (default none)."""
+        return {}
+
+    def after_validation(self, record: Dict[str, Any], options: HeadOptions) -> None:
+        """Called after an epoch's validated state has been kept or dropped; ``record`` holds its validation
+        scores (``nll``, ``ece``, ``accuracy``, ``confidence_gap``) and :meth:`epoch_facts` (default: nothing)."""
 
     def config(self) -> Dict[str, Any]:
         return {"num_classes": self.num_classes, "feature_dim": self.feature_dim}
@@ -150,6 +184,14 @@ class TwoStageHead(HeadCalibrator):
     """TST: Linear(d→3Z) → ReLU → Linear(3Z→Z) → Linear(Z→C) on frozen features."""
 
     method = "tst"
+    title = "two-stage training (TST)"
+    description = (
+        "The base model's feature extractor is frozen and a new classifier head, Linear(d→3Z) → ReLU → Linear(3Z→Z) → "
+        "Linear(Z→C), is trained from scratch on its penultimate features with the cross-entropy (Adam); the epoch with "
+        "the lowest validation NLL is kept (Jordahn & Olmos, ICML 2024). The paper retrains the head on the base's "
+        "training data; here it is trained after the fact on the calibration data."
+    )
+    citation = JORDAHN_OLMOS_2024_CITATION
 
     @dataclasses.dataclass
     class Options(HeadOptions):
@@ -172,7 +214,7 @@ class TwoStageHead(HeadCalibrator):
         self.head_module = _TSTHead(feature_dim, latent_dim, num_classes)
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "TwoStageHead":
+    def create(cls, num_classes: int, options: "TwoStageHead.Options", **facts: Any) -> "TwoStageHead":
         return cls(num_classes, facts["feature_dim"], latent_dim=options.latent_dim)
 
     def config(self) -> Dict[str, Any]:
@@ -224,6 +266,15 @@ class VariationalTwoStageHead(HeadCalibrator):
     """V-TST: TST with a variational Z-layer; predictions average M softmax samples."""
 
     method = "vtst"
+    title = "variational two-stage training (V-TST)"
+    description = (
+        "As TST, a new classifier head is trained on the frozen base's penultimate features, but its last hidden layer "
+        "is variational: a Gaussian latent z = μ + σ·ε with a standard normal prior, trained on the cross-entropy plus "
+        "the KL divergence to the prior (Jordahn & Olmos, ICML 2024). Predictions average the softmax over M noise "
+        "draws fixed when the head was fitted; the epoch with the lowest validation NLL is kept. The paper retrains "
+        "the head on the base's training data; here it is trained after the fact on the calibration data."
+    )
+    citation = JORDAHN_OLMOS_2024_CITATION
 
     @dataclasses.dataclass
     class Options(HeadOptions):
@@ -254,7 +305,7 @@ class VariationalTwoStageHead(HeadCalibrator):
         self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction, self.shared_hidden)
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "VariationalTwoStageHead":
+    def create(cls, num_classes: int, options: "VariationalTwoStageHead.Options", **facts: Any) -> "VariationalTwoStageHead":
         return cls(num_classes, facts["feature_dim"], options.latent_dim, options.samples, options.prediction)
 
     @classmethod
@@ -265,6 +316,13 @@ class VariationalTwoStageHead(HeadCalibrator):
     def config(self) -> Dict[str, Any]:
         return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction,
                 "shared_hidden": self.shared_hidden}
+
+    def prepare_training(
+        self, base_classifier: nn.Linear, options: HeadOptions, training_generator: torch.Generator,
+        seeded: Callable[[int], torch.Generator],
+    ) -> None:
+        """Draw the M noise vectors of the predictions from the fit's seed."""
+        self.draw_noise(seeded(NOISE_SALT))
 
     def draw_noise(self, generator: torch.Generator) -> None:
         """Fix the M noise vectors used at prediction time."""
@@ -323,6 +381,19 @@ class MaskedClassifierHead(HeadCalibrator):
     """MaC-Cal (reconstruction): masked retraining of a linear head with an adaptive retention rate."""
 
     method = "mac_cal"
+    title = "MaC-Cal (mask-based classifier calibration, reconstructed)"
+    description = (
+        "A linear head initialised from the base's classifier is retrained on the frozen base's features under random "
+        "Bernoulli masks on its weights (retention rate r). Predictions average the softmax over M fixed masks, and "
+        "after each epoch r moves by the validation gap between mean confidence and accuracy: lower when "
+        "over-confident, higher when under-confident (Ni, Zhao, Yang & Guo, 2025). The epoch with the lowest "
+        "validation NLL is kept. This is a reconstruction from the paper's abstract."
+    )
+    citation = (
+        "@misc{ni2025maccal, title={Deep Neural Network Calibration by Reducing Classifier Shift with Stochastic "
+        "Masking}, author={Ni, Jiani and Zhao, He and Yang, Yibo and Guo, Dandan}, year={2025}, eprint={2508.09116}, "
+        "archivePrefix={arXiv}}"
+    )
 
     @dataclasses.dataclass
     class Options(HeadOptions):
@@ -361,13 +432,37 @@ class MaskedClassifierHead(HeadCalibrator):
         self.head_module = _MaskedLinear(feature_dim, num_classes, self.samples)
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "MaskedClassifierHead":
+    def create(cls, num_classes: int, options: "MaskedClassifierHead.Options", **facts: Any) -> "MaskedClassifierHead":
         return cls(num_classes, facts["feature_dim"], options.samples)
 
     def config(self) -> Dict[str, Any]:
         return {**super().config(), "samples": self.samples}
 
+    def prepare_training(
+        self, base_classifier: nn.Linear, options: "MaskedClassifierHead.Options", training_generator: torch.Generator,
+        seeded: Callable[[int], torch.Generator],
+    ) -> None:
+        """Start from the base's classifier (``init_from_base``) at the initial retention rate; training masks are
+        drawn from the training generator, the prediction masks from a seed drawn from the fit's seed."""
+        head = self.head_module
+        if options.init_from_base:
+            with torch.no_grad():
+                head.weight.copy_(base_classifier.weight)
+                bias = base_classifier.bias
+                head.bias.copy_(bias if bias is not None else torch.zeros_like(head.bias))
+        head.generator = training_generator
+        head.retention.fill_(options.initial_retention)
+        head.mask_seed.fill_(int(torch.randint(0, 2**62, (1,), generator=seeded(MASK_SEED_SALT))))
+
+    def epoch_facts(self) -> Dict[str, Any]:
+        """The retention rate r this epoch was trained and validated at."""
+        return {"retention": float(self.head_module.retention)}
+
+    def after_validation(self, record: Dict[str, Any], options: "MaskedClassifierHead.Options") -> None:
+        """The controller, only now (the kept state was validated at this epoch's r): set the next epoch's r."""
+        self.head_module.retention.fill_(self.next_retention(record["retention"], record["confidence_gap"], options))
+
     @staticmethod
-    def next_retention(retention: float, confidence_gap: float, options: Any) -> float:
+    def next_retention(retention: float, confidence_gap: float, options: "MaskedClassifierHead.Options") -> float:
         """The controller: lower r when over-confident (gap > 0), raise it when under-confident."""
         return float(min(1.0, max(options.min_retention, retention - options.controller_gain * confidence_gap)))
