@@ -1,7 +1,7 @@
 """Every metric results show, described once: its key, titles, model-index type and direction.
 
-The model card, the command line's tables, the reliability diagram's captions, the verdicts and the
-benchmarks' tables read these entries instead of keeping their own lists (definitions: docs/design.md §2).
+The model card (its body and ``model-index``) and :mod:`hf_calibrate.reporting`'s titles, which the command
+line and the comparison table show, read these entries instead of keeping their own lists (docs/design.md §2).
 """
 
 from __future__ import annotations
