@@ -13,7 +13,8 @@ from .temperature import TemperatureScaling, fit_inverse_temperature
 from .linear import DirichletCalibration, MatrixScaling, VectorScaling
 from .binning import HistogramBinning, IsotonicCalibration
 from .neural_clamping import NeuralClamping, focal_loss
-from .heads import HeadCalibrator, MaskedClassifierHead, TwoStageHead, VariationalTwoStageHead
+from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
+from .mac_cal import MaskedClassifierHead
 # isort: on
 
 __all__ = [

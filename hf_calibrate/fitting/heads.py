@@ -9,7 +9,7 @@ epoch, for features larger than memory. Every process receives every feature row
 
 The loop is the head family's; what a method does differently lives in its class, as the hooks of
 :class:`~hf_calibrate.calibrators.heads.HeadCalibrator` (set-up, training loss, per-epoch facts and
-the step after validation), so a head method is one class in :mod:`hf_calibrate.calibrators.heads`.
+the step after validation), so a head method is one class (e.g. :mod:`hf_calibrate.calibrators.mac_cal`).
 """
 
 from __future__ import annotations
