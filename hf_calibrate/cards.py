@@ -3,11 +3,13 @@
 The card is rendered from ``model_cards/template.md`` (shipped as package data) with
 ``huggingface_hub.ModelCard.from_template``. Its metadata carries ``base_model`` (with
 ``base_model_relation``) when the base's hub id is known, and a ``model-index`` with accuracy,
-ECE, AdaECE, classwise ECE, NLL and Brier before and after calibration — the format hub
-leaderboards read. Each metric appears twice, with ``metric_config`` ``"uncalibrated"`` /
-``"calibrated"`` and a name saying which (and "in-sample" when it was computed on the
-calibration data). What the results were computed on is worded by :mod:`hf_calibrate.reporting`,
-as in the diagram and the CLI.
+ECE, AdaECE, smECE, classwise ECE, NLL, Brier and MCE before and after calibration (those the
+evaluation has; :data:`hf_calibrate.metrics.catalog.CARD_METRICS`) — the format hub leaderboards
+read. Each metric appears twice, with ``metric_config`` ``"uncalibrated"`` / ``"calibrated"`` and
+a name saying which (and "in-sample" when it was computed on the calibration data). What the
+results were computed on is worded by :mod:`hf_calibrate.reporting`, as in the diagram and the
+CLI. What the card says of the method (title, description, citation, whether predictions may
+change) are attributes of its calibrator class.
 """
 
 from __future__ import annotations
@@ -22,58 +24,15 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from . import reporting
 from .calibrators import calibrator_class
 from .calibrators.neural_clamping import recorded_select_metric
+from .metrics.catalog import CARD_METRICS
 
 DIAGRAM_FILE = "reliability_diagram.png"
-#: (key in a metrics dict — also its model-index metric type —, display name) of the card's metrics
-CARD_METRICS = reporting.METRICS
 #: what the record keeps of an evaluation beside its metrics (see :mod:`hf_calibrate.evaluation`)
 UNCERTAINTY_KEYS = ("difference", "verdicts", "bootstrap")
 _PIPELINE_TAGS = {"image-classification": "image-classification", "text-classification": "text-classification"}
 #: the Hub's base_model_relation, by whether the method trains a new head: the base's weights are never changed,
 #: a few parameters are fitted on top of the frozen base (an adapter) or a new head is trained on its features
 _RELATIONS = {False: "adapter", True: "finetune"}
-
-_CITATIONS = {
-    "temperature": "@inproceedings{guo2017calibration, title={On Calibration of Modern Neural Networks}, "
-    "author={Guo, Chuan and Pleiss, Geoff and Sun, Yu and Weinberger, Kilian Q.}, booktitle={ICML}, year={2017}}",
-    "dirichlet": "@inproceedings{kull2019beyond, title={Beyond temperature scaling: Obtaining well-calibrated "
-    "multi-class probabilities with Dirichlet calibration}, author={Kull, Meelis and Perello Nieto, Miquel and "
-    "K{\\\"a}ngsepp, Markus and Silva Filho, Telmo and Song, Hao and Flach, Peter}, booktitle={NeurIPS}, year={2019}}",
-    "histogram": "@inproceedings{zadrozny2001obtaining, title={Obtaining calibrated probability estimates from "
-    "decision trees and naive Bayesian classifiers}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={ICML}, year={2001}}",
-    "isotonic": "@inproceedings{zadrozny2002transforming, title={Transforming classifier scores into accurate "
-    "multiclass probability estimates}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={KDD}, year={2002}}",
-    "neural_clamping": "@article{tang2024neural, title={Neural Clamping: Joint Input Perturbation and Temperature "
-    "Scaling for Neural Network Calibration}, author={Tang, Yung-Chen and Chen, Pin-Yu and Ho, Tsung-Yi}, "
-    "journal={Transactions on Machine Learning Research}, year={2024}}",
-    "tst": "@inproceedings{jordahn2024decoupling, title={Decoupling Feature Extraction and Classification Layers "
-    "for Calibrated Neural Networks}, author={Jordahn, Mikkel and Olmos, Pablo M.}, booktitle={ICML}, year={2024}}",
-    "mac_cal": "@misc{ni2025maccal, title={MaC-Cal}, author={Ni and Zhao and Yang and Guo}, year={2025}, "
-    "eprint={2508.09116}, archivePrefix={arXiv}}",
-}
-_CITATIONS["vector"] = _CITATIONS["matrix"] = _CITATIONS["temperature"]
-_CITATIONS["vtst"] = _CITATIONS["tst"]
-
-METHODS: Dict[str, Dict[str, str]] = {
-    "temperature": {"title": "temperature scaling", "text": "The logits are divided by one scalar temperature T fitted "
-                    "to minimise the negative log-likelihood on the calibration data. Predictions are unchanged."},
-    "vector": {"title": "vector scaling", "text": "Each class logit gets its own positive scale and bias, fitted by "
-               "L-BFGS on the NLL starting from the temperature-scaling optimum."},
-    "matrix": {"title": "matrix scaling (ODIR)", "text": "The logits go through a full linear map W z + b fitted on "
-               "the NLL with off-diagonal and intercept regularisation (Kull et al., 2019)."},
-    "dirichlet": {"title": "Dirichlet calibration (ODIR)", "text": "The log-probabilities go through a linear map "
-                  "W log p + b fitted on the NLL with off-diagonal and intercept regularisation (Kull et al., 2019)."},
-    "histogram": {"title": "histogram binning", "text": "Confidences are mapped to the observed frequency of their "
-                  "equal-width bin on the calibration data."},
-    "isotonic": {"title": "isotonic regression", "text": "Confidences are mapped through a monotone piecewise-linear "
-                 "function fitted by isotonic regression on the calibration data."},
-    "neural_clamping": {"title": "Neural Clamping", "text": "A universal input perturbation δ (one tensor shaped like "
-                        "one model input, added after normalisation) and a temperature T are learned on the frozen "
-                        "classifier by SGD on the focal loss plus λ‖δ‖₂ (Tang, Chen & Ho, TMLR 2024). A held-out "
-                        "part of the calibration data selects the epoch and hyper-parameters and falls back to "
-                        "plain temperature scaling (δ = 0) when δ does not help there."},
-}
-
 
 def _template() -> str:
     return (importlib.resources.files("hf_calibrate") / "templates" / "model_card.md").read_text(encoding="utf-8")
@@ -107,16 +66,16 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
     in_sample = " in-sample" if evaluation.get("in_sample") else ""
     results = []
     for side in ("uncalibrated", "calibrated"):
-        for key, name in CARD_METRICS:
-            if key not in evaluation[side]:
+        for info in CARD_METRICS:
+            if info.key not in evaluation[side]:
                 continue
             results.append(
                 EvalResult(
                     task_type=task, task_name=task.replace("-", " ").title(),
                     dataset_type=evaluation.get("dataset_id") or evaluation["dataset"],
                     dataset_name=reporting.model_index_dataset_name(evaluation), dataset_split=evaluation.get("split"),
-                    metric_type=key, metric_value=float(evaluation[side][key]),
-                    metric_name=f"{name} ({side}{in_sample})", metric_config=side,
+                    metric_type=info.card_type, metric_value=float(evaluation[side][info.key]),
+                    metric_name=f"{info.title} ({side}{in_sample})", metric_config=side,
                 )
             )
     return results
@@ -261,11 +220,11 @@ def _results(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         return None
     verdicts = evaluation.get("verdicts") or {}
     rows = [
-        {"name": display, "before": reporting.value_text(evaluation, "uncalibrated", key),
-         "after": reporting.value_text(evaluation, "calibrated", key), "change": reporting.change_text(evaluation, key),
-         "verdict": verdicts.get(key, "")}
-        for key, display in CARD_METRICS
-        if key in reporting.shown_metrics(evaluation)
+        {"name": info.title, "before": reporting.value_text(evaluation, "uncalibrated", info.key),
+         "after": reporting.value_text(evaluation, "calibrated", info.key),
+         "change": reporting.change_text(evaluation, info.key), "verdict": verdicts.get(info.key, "")}
+        for info in CARD_METRICS
+        if info.key in reporting.shown_metrics(evaluation)
     ]
     return {"rows": rows, "in_sample": evaluation["in_sample"], "n_bins": evaluation.get("n_bins"),
             "label": reporting.evaluated_on(evaluation),
@@ -303,8 +262,7 @@ def render_card(
         diagram: the reliability diagram's file name in the folder, if one was drawn.
     """
     base = record["base_model"]
-    method = record["method"]
-    info = METHODS.get(method, {"title": method, "text": ""})
+    method = calibrator_class(record["method"])
     name = card_title(record, repo_id)
     location = os.fspath(repo_id) if repo_id is not None else None
     usage = _usage(record, location, isinstance(repo_id, os.PathLike)) if location is not None else None
@@ -322,9 +280,9 @@ def render_card(
         base_description=base_description,
         base_weights_note=weights_note,
         library_version=record["library_version"],
-        changes_predictions=method not in ("temperature",),
-        method_title=info["title"],
-        method_description=info["text"],
+        changes_predictions=not method.preserves_argmax,
+        method_title=method.title or method.method,
+        method_description=method.description,
         hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
         fit=fit,
@@ -334,7 +292,7 @@ def render_card(
         usage=usage,
         input_notes=input_notes(record),
         limitations=_limitations(record),
-        citation=_CITATIONS.get(method, ""),
+        citation=method.citation,
     )
 
 
@@ -367,7 +325,7 @@ def diagram_title(evaluation: Dict[str, Any]) -> str:
     return f"Reliability on {reporting.evaluated_on(evaluation)}{in_sample}"
 
 
-def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(key for key, _ in CARD_METRICS)) -> Dict[str, Any]:
+def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(info.key for info in CARD_METRICS)) -> Dict[str, Any]:
     """What the record keeps of an evaluation's numbers (JSON-able): per side the card's metrics, the number of samples
     and every interval; and the paired differences, verdicts and bootstrap settings when there are any."""
     kept: Dict[str, Any] = {}

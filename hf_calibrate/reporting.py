@@ -25,18 +25,13 @@ from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
 from torch.utils.data import DataLoader
 
-#: (key in a metrics dict, display name) of every metric results show, in the order they show them
-METRICS = (
-    ("accuracy", "accuracy"),
-    ("ece", "ECE"),
-    ("ada_ece", "AdaECE"),
-    ("smooth_ece", "smECE"),
-    ("classwise_ece", "classwise ECE"),
-    ("nll", "NLL"),
-    ("brier", "Brier"),
-    ("mce", "MCE"),
-)
-METRIC_NAMES = dict(METRICS)
+from .metrics.catalog import CARD_METRICS, METRIC_CATALOG
+
+#: (key in a metrics dict, title) of the metrics the card shows before and after calibration, in the order results
+#: show them (from :data:`hf_calibrate.metrics.catalog.METRIC_CATALOG`)
+METRICS = tuple((info.key, info.title) for info in CARD_METRICS)
+#: key → title of every metric of the catalog
+METRIC_NAMES = {info.key: info.title for info in METRIC_CATALOG}
 #: ``datasets`` builders that read local files: their name says how the data were read, not what they are
 FILE_BUILDERS = frozenset({
     "arrow", "audiofolder", "csv", "generator", "imagefolder", "json", "pandas", "parquet", "sql", "text",
@@ -227,7 +222,7 @@ def change_text(evaluation: Mapping[str, Any], key: str) -> str:
     return " ".join(filter(None, (_endpoint(change, signed=True), interval_text(interval, signed=True))))
 
 
-def shown_metrics(evaluation: Mapping[str, Any], keys: Sequence[str] = tuple(METRIC_NAMES)) -> List[str]:
+def shown_metrics(evaluation: Mapping[str, Any], keys: Sequence[str] = tuple(key for key, _ in METRICS)) -> List[str]:
     """The ``keys`` an evaluation has for both its sides (every key of a plain model's single side)."""
     sides = [evaluation[side] for side in ("uncalibrated", "calibrated") if side in evaluation]
     return [key for key in keys if all(key in side for side in sides)]

@@ -553,3 +553,16 @@ def test_neural_clamping_warns_when_its_fitting_part_is_separable():
         predicted = base(pixels).argmax(1)
     with pytest.warns(UserWarning, match="fitting part of the calibration data.*" + SEPARABLE):
         tm.fit(base, torch.utils.data.TensorDataset(pixels, predicted), "neural_clamping", epochs=1, holdout_fraction=0.25)
+
+
+@pytest.mark.parametrize("count, fraction, seed", [(300, 0.2, 0), (600, 0.2, 3), (41, 0.33, 7)])
+def test_odir_holds_out_the_engines_split(count, fraction, seed):
+    """Matrix and Dirichlet scaling select λ on the very samples the fitting engine holds out for the same seed."""
+    from hf_calibrate.fitting import Engine, EngineOptions
+
+    engine_fit, engine_held = Engine(EngineOptions(seed=seed, progress=False)).split_indices(count, fraction)
+    options = MatrixScaling.Options(holdout_fraction=fraction, seed=seed)
+    kept, held = MatrixScaling._holdout_split(count, options, torch.device("cpu"))
+    assert torch.equal(kept, engine_fit) and torch.equal(held, engine_held)
+    with pytest.raises(ValueError, match="2 calibration samples are too few to hold out a part for selecting l2"):
+        MatrixScaling._holdout_split(2, MatrixScaling.Options(holdout_fraction=0.1), torch.device("cpu"))

@@ -434,3 +434,26 @@ def test_the_record_schema_checks_the_new_evaluation_keys_and_old_records_still_
             validate_record(broken, "broken")
     with pytest.raises(ArtifactError, match="'fit.data_fingerprints'"):
         validate_record(seal_record(dict(record, fit={**record["fit"], "data_fingerprints": "abc"})), "broken")
+
+
+def test_every_method_describes_itself_for_its_card():
+    """Title, description and citation are attributes of each calibrator class; the card reads them."""
+    from hf_calibrate.calibrators import CALIBRATORS
+
+    for method, cls in CALIBRATORS.items():
+        assert cls.title and cls.description and cls.citation.startswith("@"), method
+    assert [method for method, cls in CALIBRATORS.items() if cls.preserves_argmax] == ["temperature"]
+    assert CALIBRATORS["vtst"].citation == CALIBRATORS["tst"].citation
+    assert "Stochastic Masking" in CALIBRATORS["mac_cal"].citation
+
+
+@pytest.mark.parametrize("method", ["temperature", "tst"])
+def test_the_card_says_whether_predictions_may_change_from_the_class(method):
+    record = json.loads((EXAMPLES / "digits-timm-resnet10t-temperature" / "calibration_config.json").read_text())
+    from hf_calibrate.calibrators import calibrator_class
+
+    card = cards.render_card({**record, "method": method})
+    cls = calibrator_class(method)
+    assert f"## Calibration method: {cls.title}" in card.text and cls.description in card.text
+    assert ("it may change a few predictions" in card.text) == (not cls.preserves_argmax)
+    assert cls.citation in card.text and "github.com/hf-calibrate" not in card.text

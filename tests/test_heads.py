@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import MaskedClassifierHead, VariationalTwoStageHead
-from hf_calibrate.fitting import FeatureStore
+from hf_calibrate.fitting.heads import FeatureStore
 from hf_calibrate.serialization import weights_fingerprint
 
 HEADS = ("tst", "vtst", "mac_cal")

@@ -107,3 +107,18 @@ def test_the_fallback_note_names_the_criterion_the_fit_selected_on():
     assert "held-out nll 0.5000" in reporting.fallback_note(summary, recorded_select_metric({}))
     assert "held-out ece 0.0700" in reporting.fallback_note(summary, recorded_select_metric({"select_metric": "ece"}))
     assert reporting.fallback_note(dict(summary, fell_back_to_temperature_scaling=False), "nll") is None
+
+
+def test_every_metric_results_name_has_one_entry_in_the_catalog():
+    """Titles, model-index types and directions come from one table (:mod:`hf_calibrate.metrics.catalog`)."""
+    from hf_calibrate import evaluation
+    from hf_calibrate.metrics import intervals
+    from hf_calibrate.metrics.catalog import CARD_METRICS, HIGHER_IS_BETTER, METRIC_INFO
+
+    assert reporting.METRICS == tuple((info.key, info.title) for info in CARD_METRICS)
+    assert [key for key, _ in reporting.METRICS] == ["accuracy", "ece", "ada_ece", "smooth_ece", "classwise_ece", "nll",
+                                                     "brier", "mce"]
+    assert all(info.card_type == info.key for info in CARD_METRICS)  # the model-index types the Hub has seen
+    assert set(evaluation.INTERVAL_METRICS) <= set(reporting.METRIC_NAMES)  # compare's ranking metrics have a title
+    assert HIGHER_IS_BETTER == intervals.HIGHER_IS_BETTER == {"accuracy"}
+    assert METRIC_INFO["classwise_ece"].short_title == "cw-ECE" and METRIC_INFO["accuracy"].short_title == "acc"

@@ -1,43 +1,21 @@
 """Calibrators: every fitted parameter of one method in one ``nn.Module``.
 
-Method names (``CalibratedModel.fit(..., method=...)``) map to classes in :data:`CALIBRATORS`.
+Method names (``CalibratedModel.fit(..., method=...)``) map to classes in :data:`CALIBRATORS`: a
+class registers itself by naming its ``method`` (``Calibrator.__init_subclass__``), so a new
+method is one new class in one module.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Type
-
-from .base import Calibrator, InvalidOptionError, options_to_dict, parse_options
-from .binning import HistogramBinning, IsotonicCalibration
-from .heads import HeadCalibrator, MaskedClassifierHead, TwoStageHead, VariationalTwoStageHead
-from .linear import DirichletCalibration, MatrixScaling, VectorScaling
-from .neural_clamping import NeuralClamping, focal_loss
+# isort: off -- the modules are imported in the order CALIBRATORS lists their methods (error messages, --method)
+from .base import CALIBRATORS, Calibrator, InvalidOptionError, calibrator_class, options_to_dict, parse_options
 from .temperature import TemperatureScaling, fit_inverse_temperature
-
-CALIBRATORS: Dict[str, Type[Calibrator]] = {
-    cls.method: cls
-    for cls in (
-        TemperatureScaling,
-        VectorScaling,
-        MatrixScaling,
-        DirichletCalibration,
-        HistogramBinning,
-        IsotonicCalibration,
-        NeuralClamping,
-        TwoStageHead,
-        VariationalTwoStageHead,
-        MaskedClassifierHead,
-    )
-}
-
-
-def calibrator_class(method: str) -> Type[Calibrator]:
-    """The calibrator class for a method name, or a ValueError listing the names."""
-    try:
-        return CALIBRATORS[method]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(CALIBRATORS)}.") from None
-
+from .linear import DirichletCalibration, MatrixScaling, VectorScaling
+from .binning import HistogramBinning, IsotonicCalibration
+from .neural_clamping import NeuralClamping, focal_loss
+from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
+from .mac_cal import MaskedClassifierHead
+# isort: on
 
 __all__ = [
     "CALIBRATORS",

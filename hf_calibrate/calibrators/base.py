@@ -6,11 +6,17 @@ input (Neural Clamping) exposes that perturbation as :attr:`Calibrator.input_per
 which the backbone adapter adds before the base model runs.
 
 Each calibrator class declares
-* ``method``: the name users pass to ``CalibratedModel.fit(..., method=...)``;
+* ``method``: the name users pass to ``CalibratedModel.fit(..., method=...)``; defining a
+  subclass with its own ``method`` registers it in :data:`CALIBRATORS` (nothing else to edit);
 * ``Options``: a dataclass of its fit options, with defaults and docs;
 * ``preserves_argmax``: whether predictions are guaranteed unchanged;
+* ``title``, ``description``, ``citation``: what model cards say about the method;
 * :meth:`config` / :meth:`from_config`: the shapes and hyper-parameters needed to rebuild an
   empty instance, before its tensors are loaded from ``calibration.safetensors``.
+
+How a class is fitted is decided by its *family*, the nearest base class the fitting package
+has a fit for (:mod:`hf_calibrate.fitting.families`): a plain :class:`Calibrator` subclass is
+fitted on cached logits through :meth:`Calibrator.fit_logits` (docs/design.md §3.0).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import functools
 import math
 import os
 import typing
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Type
 
 import numpy as np
 import torch
@@ -73,16 +79,36 @@ class NoOptions:
     """This method has no fit options."""
 
 
+#: method name → calibrator class, in the order the classes were defined (filled by ``Calibrator.__init_subclass__``)
+CALIBRATORS: Dict[str, Type["Calibrator"]] = {}
+
+
 class Calibrator(nn.Module):
-    """Base class: subclasses implement ``forward`` and a fit (logit-space: :meth:`fit_logits`)."""
+    """Base class: subclasses implement ``forward`` and a fit (logit-space: :meth:`_fit_logits`)."""
 
     method: ClassVar[str]
     Options: ClassVar[type] = NoOptions
     preserves_argmax: ClassVar[bool] = False
-    #: True when fitting needs forward passes through the base model (not just cached logits).
+    #: the method's name in words, as model cards title it (default: ``method``)
+    title: ClassVar[str] = ""
+    #: what the method does, in a few sentences (model cards)
+    description: ClassVar[str] = ""
+    #: BibTeX entry of the method's paper ("" when there is none)
+    citation: ClassVar[str] = ""
+    #: True when fitting needs forward passes through the base model (not just cached logits); set by the family.
     needs_base_model: ClassVar[bool] = False
-    #: True when fitting trains a new head on the base's penultimate features.
+    #: True when fitting trains a new head on the base's penultimate features; set by the family.
     needs_features: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a subclass that names its own ``method`` in :data:`CALIBRATORS`."""
+        super().__init_subclass__(**kwargs)
+        if "method" not in cls.__dict__:
+            return
+        known = CALIBRATORS.get(cls.method)
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"method {cls.method!r} is already the method of {known.__module__}.{known.__qualname__}.")
+        CALIBRATORS[cls.method] = cls
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()
@@ -94,7 +120,8 @@ class Calibrator(nn.Module):
 
     @classmethod
     def create(cls, num_classes: int, options: Any, **facts: Any) -> "Calibrator":
-        """An unfitted instance for ``options``; ``facts`` describe the model (e.g. δ's shape)."""
+        """An unfitted instance for ``options`` (an instance of ``cls.Options``); ``facts`` describe the model
+        (``delta_shape``, ``delta_space``, and what the family adds, e.g. a head's ``feature_dim``)."""
         return cls(num_classes)
 
     @property
@@ -110,7 +137,8 @@ class Calibrator(nn.Module):
     def fit_logits(
         self, logits: torch.Tensor, labels: torch.Tensor, options: Any, context: Optional[FitContext] = None,
     ) -> Dict[str, Any]:
-        """Fit on cached (N, C) logits and (N,) labels; return a summary for the fit history.
+        """Fit on cached (N, C) logits and (N,) labels with ``options`` (an instance of ``self.Options``);
+        return a summary for the fit history.
 
         The logits must be finite and the labels valid class indices (else a ValueError naming
         the rows); subclasses implement :meth:`_fit_logits` and read ``context`` (progress
@@ -140,6 +168,14 @@ class Calibrator(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}"
+
+
+def calibrator_class(method: str) -> Type[Calibrator]:
+    """The calibrator class for a method name, or a ValueError listing the names."""
+    try:
+        return CALIBRATORS[method]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(CALIBRATORS)}.") from None
 
 
 def check_fit_logits(logits: Any, labels: Any, num_classes: int) -> torch.Tensor:

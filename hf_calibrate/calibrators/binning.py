@@ -91,6 +91,12 @@ class HistogramBinning(Calibrator):
     """
 
     method = "histogram"
+    title = "histogram binning"
+    description = "Confidences are mapped to the observed frequency of their equal-width bin on the calibration data."
+    citation = (
+        "@inproceedings{zadrozny2001obtaining, title={Obtaining calibrated probability estimates from decision trees and "
+        "naive Bayesian classifiers}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={ICML}, year={2001}}"
+    )
 
     @dataclasses.dataclass
     class Options:
@@ -119,7 +125,7 @@ class HistogramBinning(Calibrator):
         self.register_buffer("bin_values", midpoints.repeat(maps, 1))
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "HistogramBinning":
+    def create(cls, num_classes: int, options: "HistogramBinning.Options", **facts: Any) -> "HistogramBinning":
         return cls(num_classes, n_bins=options.n_bins, mode=options.mode)
 
     @property
@@ -134,7 +140,7 @@ class HistogramBinning(Calibrator):
         mapped = self.bin_values.gather(1, equal_width_bin_index(_scores(probs, self.mode), self.n_bins))
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
-    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "HistogramBinning.Options") -> Dict[str, Any]:
         if self.mode == "one_vs_rest":
             counts, hits = _one_vs_rest_counts(logits, labels, self.n_bins)
         else:
@@ -203,6 +209,13 @@ class IsotonicCalibration(Calibrator):
     """
 
     method = "isotonic"
+    title = "isotonic regression"
+    description = ("Confidences are mapped through a monotone piecewise-linear function fitted by isotonic regression on "
+                   "the calibration data.")
+    citation = (
+        "@inproceedings{zadrozny2002transforming, title={Transforming classifier scores into accurate multiclass "
+        "probability estimates}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={KDD}, year={2002}}"
+    )
 
     @dataclasses.dataclass
     class Options:
@@ -229,7 +242,7 @@ class IsotonicCalibration(Calibrator):
         self.register_buffer("knots_y", identity.clone())
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "IsotonicCalibration":
+    def create(cls, num_classes: int, options: "IsotonicCalibration.Options", **facts: Any) -> "IsotonicCalibration":
         return cls(num_classes, mode=options.mode)
 
     def config(self) -> Dict[str, Any]:
@@ -240,7 +253,7 @@ class IsotonicCalibration(Calibrator):
         mapped = _interpolate(_scores(probs, self.mode), self.knots_x, self.knots_y)
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
-    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "IsotonicCalibration.Options") -> Dict[str, Any]:
         fits = one_vs_rest_isotonic_knots(logits, labels) if self.mode == "one_vs_rest" else None
         if fits is None:  # top-label, or one-vs-rest with classes too unbalanced for the gap tables
             probs = torch.softmax(logits.double(), dim=1)

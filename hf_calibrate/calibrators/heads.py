@@ -13,16 +13,7 @@ split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.
   M samples. The M noise vectors ε_m ∈ R^Z are drawn once at fit time from the seed and
   stored, so a sample's prediction does not depend on its batch and survives save/load;
   ``prediction="mean"`` uses z = μ instead.
-* **MaC-Cal** (Ni, Zhao, Yang, Guo, 2025; arXiv 2508.09116) — a *documented reconstruction*:
-  only the abstract and one figure caption are public. A linear head initialised from the
-  base classifier is retrained with Bernoulli masks on its weights (retention rate r,
-  inverted scaling); predictions average the softmax over M fixed masks at the same r, so r
-  is the knob that smooths them. After each epoch a controller moves r by the validation gap
-  between mean confidence and accuracy of those predictions (over-confident → lower r,
-  more stochastic sparsity; under-confident → higher r); early stopping on validation NLL.
-  (A first reconstruction used the full weights at prediction time; its confidence did not
-  fall monotonically with r — heavy masking of a large-norm head drove the weights *up* —
-  so the controller could not steer it. Masked prediction makes the lever monotone.)
+* **MaC-Cal**: :mod:`.mac_cal`.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +33,13 @@ PREDICTIONS = ("sample", "mean")
 #: Default head schedule: the paper's 40 epochs, stretched to at least this many Adam steps (the
 #: authors' CIFAR-10 budget: 40 epochs × 157 batches of 256 ≈ 6,250 steps)
 DEFAULT_EPOCHS, MIN_DEFAULT_STEPS = 40, 6000
+#: salt of the seeded generator (the fit's ``seed`` and a salt make one generator) of V-TST's prediction noise
+NOISE_SALT = 0x7E57
+#: Jordahn & Olmos (ICML 2024), the paper of TST and V-TST
+JORDAHN_OLMOS_2024_CITATION = (
+    "@inproceedings{jordahn2024decoupling, title={Decoupling Feature Extraction and Classification Layers for "
+    "Calibrated Neural Networks}, author={Jordahn, Mikkel and Olmos, Pablo M.}, booktitle={ICML}, year={2024}}"
+)
 
 
 @dataclasses.dataclass
@@ -109,9 +107,15 @@ class HeadOptions:
 
 
 class HeadCalibrator(Calibrator):
-    """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted)."""
+    """A new head (features → logits) plus a temperature on its logits (T = 1 until fitted).
+
+    The family's fit (:mod:`hf_calibrate.fitting.heads`) trains the head on cached features and
+    calls the hooks a method overrides: :meth:`prepare_training` once, :meth:`training_loss` per
+    batch, :meth:`epoch_facts` and :meth:`after_validation` per epoch.
+    """
 
     needs_features = True
+    Options = HeadOptions
     #: name of the base's classifier layer the head replaces (set by the fit)
     classifier: Optional[str] = None
 
@@ -127,9 +131,30 @@ class HeadCalibrator(Calibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
+    def prepare_training(
+        self, base_classifier: nn.Linear, options: HeadOptions, training_generator: torch.Generator,
+        seeded: Callable[[int], torch.Generator],
+    ) -> None:
+        """Set the head up before its first epoch (default: nothing beyond its seeded initial weights).
+
+        Args:
+            base_classifier: the base's classifier layer the head replaces (C × d weights).
+            options: the fit's options.
+            training_generator: the generator of the training batches' order and of per-step draws.
+            seeded: ``salt -> torch.Generator`` seeded by the fit's seed and ``salt``.
+        """
+
     def training_loss(self, features: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Loss of one training batch (the head is in train mode)."""
+        """Loss of one training batch: (B, d) features, (B,) labels (the head is in train mode)."""
         return F.cross_entropy(self.head_module(features), labels)
+
+    def epoch_facts(self) -> Dict[str, Any]:
+        """Facts of the head's state this epoch, added to the epoch's record in the fit history (default none)."""
+        return {}
+
+    def after_validation(self, record: Dict[str, Any], options: HeadOptions) -> None:
+        """Called after an epoch's validated state has been kept or dropped; ``record`` holds its validation
+        scores (``nll``, ``ece``, ``accuracy``, ``confidence_gap``) and :meth:`epoch_facts` (default: nothing)."""
 
     def config(self) -> Dict[str, Any]:
         return {"num_classes": self.num_classes, "feature_dim": self.feature_dim}
@@ -150,6 +175,14 @@ class TwoStageHead(HeadCalibrator):
     """TST: Linear(d→3Z) → ReLU → Linear(3Z→Z) → Linear(Z→C) on frozen features."""
 
     method = "tst"
+    title = "two-stage training (TST)"
+    description = (
+        "The base model's feature extractor is frozen and a new classifier head, Linear(d→3Z) → ReLU → Linear(3Z→Z) → "
+        "Linear(Z→C), is trained from scratch on its penultimate features with the cross-entropy (Adam); the epoch with "
+        "the lowest validation NLL is kept (Jordahn & Olmos, ICML 2024). The paper retrains the head on the base's "
+        "training data; here it is trained after the fact on the calibration data."
+    )
+    citation = JORDAHN_OLMOS_2024_CITATION
 
     @dataclasses.dataclass
     class Options(HeadOptions):
@@ -172,7 +205,7 @@ class TwoStageHead(HeadCalibrator):
         self.head_module = _TSTHead(feature_dim, latent_dim, num_classes)
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "TwoStageHead":
+    def create(cls, num_classes: int, options: "TwoStageHead.Options", **facts: Any) -> "TwoStageHead":
         return cls(num_classes, facts["feature_dim"], latent_dim=options.latent_dim)
 
     def config(self) -> Dict[str, Any]:
@@ -224,6 +257,15 @@ class VariationalTwoStageHead(HeadCalibrator):
     """V-TST: TST with a variational Z-layer; predictions average M softmax samples."""
 
     method = "vtst"
+    title = "variational two-stage training (V-TST)"
+    description = (
+        "As TST, a new classifier head is trained on the frozen base's penultimate features, but its last hidden layer "
+        "is variational: a Gaussian latent z = μ + σ·ε with a standard normal prior, trained on the cross-entropy plus "
+        "the KL divergence to the prior (Jordahn & Olmos, ICML 2024). Predictions average the softmax over M noise "
+        "draws fixed when the head was fitted; the epoch with the lowest validation NLL is kept. The paper retrains "
+        "the head on the base's training data; here it is trained after the fact on the calibration data."
+    )
+    citation = JORDAHN_OLMOS_2024_CITATION
 
     @dataclasses.dataclass
     class Options(HeadOptions):
@@ -254,7 +296,7 @@ class VariationalTwoStageHead(HeadCalibrator):
         self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction, self.shared_hidden)
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "VariationalTwoStageHead":
+    def create(cls, num_classes: int, options: "VariationalTwoStageHead.Options", **facts: Any) -> "VariationalTwoStageHead":
         return cls(num_classes, facts["feature_dim"], options.latent_dim, options.samples, options.prediction)
 
     @classmethod
@@ -265,6 +307,13 @@ class VariationalTwoStageHead(HeadCalibrator):
     def config(self) -> Dict[str, Any]:
         return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction,
                 "shared_hidden": self.shared_hidden}
+
+    def prepare_training(
+        self, base_classifier: nn.Linear, options: HeadOptions, training_generator: torch.Generator,
+        seeded: Callable[[int], torch.Generator],
+    ) -> None:
+        """Draw the M noise vectors of the predictions from the fit's seed."""
+        self.draw_noise(seeded(NOISE_SALT))
 
     def draw_noise(self, generator: torch.Generator) -> None:
         """Fix the M noise vectors used at prediction time."""
@@ -279,95 +328,3 @@ class VariationalTwoStageHead(HeadCalibrator):
         z = mean + (0.5 * log_variance).exp() * noise
         kl = 0.5 * (mean.square() + log_variance.exp() - log_variance - 1).sum(dim=1).mean()
         return F.cross_entropy(head.classifier(z), labels) + kl / self.latent_dim
-
-
-class _MaskedLinear(nn.Linear):
-    """A linear head under Bernoulli(r) weight masks.
-
-    Training: one fresh mask per forward pass, weights scaled by 1/r (inverted DropConnect).
-    Prediction: the log of the mean softmax over M fixed masks (drawn from ``mask_seed``), so
-    the retention rate r directly sets how much the prediction is smoothed; r = 1 is the
-    plain linear head. r and the seed are buffers: saved and restored with the weights.
-    """
-
-    def __init__(self, in_features: int, out_features: int, samples: int) -> None:
-        super().__init__(in_features, out_features)
-        self.samples = samples
-        self.register_buffer("retention", torch.ones(()))
-        self.register_buffer("mask_seed", torch.zeros((), dtype=torch.long))
-        self.generator: Optional[torch.Generator] = None
-        self._cached: Optional[tuple] = None
-
-    def _draw(self, shape, generator: torch.Generator) -> torch.Tensor:
-        return (torch.rand(shape, generator=generator) < float(self.retention)).to(self.weight.device, self.weight.dtype)
-
-    def _prediction_masks(self) -> torch.Tensor:
-        key = (float(self.retention), int(self.mask_seed), self.weight.device)
-        if self._cached is None or self._cached[0] != key:
-            generator = torch.Generator().manual_seed(int(self.mask_seed))
-            self._cached = (key, self._draw((self.samples, *self.weight.shape), generator))
-        return self._cached[1]
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        r = float(self.retention)
-        if r >= 1.0:
-            return super().forward(features)
-        if self.training:
-            return F.linear(features, self.weight * self._draw(self.weight.shape, self.generator) / r, self.bias)
-        weights = self.weight[None] * self._prediction_masks() / r  # (M, C, d)
-        log_probs = F.log_softmax(torch.einsum("nd,mcd->mnc", features, weights) + self.bias, dim=-1)
-        return torch.logsumexp(log_probs, dim=0) - math.log(self.samples)
-
-
-class MaskedClassifierHead(HeadCalibrator):
-    """MaC-Cal (reconstruction): masked retraining of a linear head with an adaptive retention rate."""
-
-    method = "mac_cal"
-
-    @dataclasses.dataclass
-    class Options(HeadOptions):
-        """MaC-Cal options (plus those of :class:`HeadOptions`).
-
-        Attributes:
-            lr: Adam learning rate (default 3e-3).
-            epochs: default 30.
-            initial_retention: r at the start (default 0.9).
-            min_retention: lower bound of r (default 0.3).
-            controller_gain: η in r ← clip(r − η·(mean confidence − accuracy), min, 1) after each
-                epoch, measured on the validation split with the masked prediction (default 1.0).
-            samples: M, fixed masks averaged at prediction time (default 10).
-            init_from_base: start from the base classifier's weights (default True).
-        """
-
-        lr: float = 3e-3
-        epochs: int = 30
-        initial_retention: float = 0.9
-        min_retention: float = 0.3
-        controller_gain: float = 1.0
-        samples: int = 10
-        init_from_base: bool = True
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            require(0 < self.min_retention <= 1, "min_retention", self.min_retention, "a number in (0, 1]")
-            require(self.min_retention <= self.initial_retention <= 1, "initial_retention", self.initial_retention,
-                    f"a number in [min_retention, 1] = [{self.min_retention}, 1]")
-            require(self.controller_gain >= 0, "controller_gain", self.controller_gain, "a number >= 0")
-            require(self.samples >= 1, "samples", self.samples, "a positive integer")
-
-    def __init__(self, num_classes: int, feature_dim: int, samples: int = 10) -> None:
-        super().__init__(num_classes, feature_dim)
-        self.samples = int(samples)
-        self.head_module = _MaskedLinear(feature_dim, num_classes, self.samples)
-
-    @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "MaskedClassifierHead":
-        return cls(num_classes, facts["feature_dim"], options.samples)
-
-    def config(self) -> Dict[str, Any]:
-        return {**super().config(), "samples": self.samples}
-
-    @staticmethod
-    def next_retention(retention: float, confidence_gap: float, options: Any) -> float:
-        """The controller: lower r when over-confident (gap > 0), raise it when under-confident."""
-        return float(min(1.0, max(options.min_retention, retention - options.controller_gain * confidence_gap)))

@@ -32,7 +32,8 @@ from torch import nn
 
 from . import lbfgs
 from .base import Calibrator, check_fields, fit_context, require
-from .temperature import fit_inverse_temperature
+from .holdout import holdout_split
+from .temperature import GUO_2017_CITATION, fit_inverse_temperature
 from .vector_newton import fit_vector_scaling
 
 # Up to this many logits the fit runs in float64; larger problems use float32 for speed.
@@ -96,7 +97,8 @@ class ODIROptions:
             scored by held-out NLL until two in a row do not improve it; the best is refitted
             on all the data.
         holdout_fraction: share held out for that selection (default 0.2).
-        seed: seed of the held-out split (default 0).
+        seed: seed of the held-out split (default 0): the split is the fitting engine's hold-out split
+            (:func:`.holdout.holdout_split`) for this seed; ``CalibratedModel.fit(seed=...)`` sets both.
         max_iter: L-BFGS iterations at most, per fit (default 200).
     """
 
@@ -122,6 +124,10 @@ class VectorScaling(_LinearLogitMap):
     """``a ⊙ z + b`` with a per-class positive scale ``a = exp(log_scale)`` and bias ``b``."""
 
     method = "vector"
+    title = "vector scaling"
+    description = ("Each class logit gets its own positive scale and bias, fitted by Newton steps on the NLL starting "
+                   "from the temperature-scaling optimum.")
+    citation = GUO_2017_CITATION
 
     @dataclasses.dataclass
     class Options:
@@ -146,7 +152,7 @@ class VectorScaling(_LinearLogitMap):
     def transform(self, logits, parameters):
         return logits * parameters["log_scale"].exp() + parameters["bias"]
 
-    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "VectorScaling.Options") -> Dict[str, Any]:
         """Block-Newton from the TS optimum (:mod:`.vector_newton`): a few passes over the logits."""
         work = logits.detach().to(_work_dtype(logits))
         scale, bias, summary = fit_vector_scaling(work, labels, fit_inverse_temperature(work, labels)[0], options.max_iter)
@@ -159,6 +165,10 @@ class MatrixScaling(_LinearLogitMap):
 
     method = "matrix"
     Options = ODIROptions
+    title = "matrix scaling (ODIR)"
+    description = ("The logits go through a full linear map W z + b fitted on the NLL with off-diagonal and intercept "
+                   "regularisation (Kull et al., 2019).")
+    citation = GUO_2017_CITATION
 
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
@@ -232,7 +242,7 @@ class MatrixScaling(_LinearLogitMap):
         Returns the summary (``l2``, ``l2_holdout_nll`` of every candidate tried, ``interrupted``)
         and the best candidate's parameters, the refit's start.
         """
-        held, kept = self._holdout_split(logits.shape[0], options, logits.device)
+        kept, held = self._holdout_split(logits.shape[0], options, logits.device)
         kept_logits, kept_labels = logits[kept], labels[kept]
         start = self.initial_parameters(fit_inverse_temperature(kept_logits, kept_labels)[0], logits.dtype, logits.device)
         candidates = sorted(options.l2_grid, reverse=True)
@@ -253,12 +263,12 @@ class MatrixScaling(_LinearLogitMap):
 
     @staticmethod
     def _holdout_split(count: int, options: ODIROptions, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(held-out, kept) sample indices of the λ selection, seeded by ``options.seed``."""
-        holdout = max(1, int(round(options.holdout_fraction * count)))
-        if count - holdout < 1:
-            raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.")
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(options.seed)).to(device)
-        return order[:holdout], order[holdout:]
+        """(kept, held-out) sample indices of the λ selection: the engine's hold-out split for ``options.seed``."""
+        try:
+            kept, held = holdout_split(count, options.holdout_fraction, options.seed)
+        except ValueError:
+            raise ValueError(f"{count} calibration samples are too few to hold out a part for selecting l2; pass l2=<value>.") from None
+        return kept.to(device), held.to(device)
 
 
 def _interrupted(method: str, what: str) -> str:
@@ -271,6 +281,14 @@ class DirichletCalibration(MatrixScaling):
     """``W log softmax(z) + b`` with ODIR regularisation (Dirichlet calibration)."""
 
     method = "dirichlet"
+    title = "Dirichlet calibration (ODIR)"
+    description = ("The log-probabilities go through a linear map W log p + b fitted on the NLL with off-diagonal and "
+                   "intercept regularisation (Kull et al., 2019).")
+    citation = (
+        "@inproceedings{kull2019beyond, title={Beyond temperature scaling: Obtaining well-calibrated multi-class "
+        "probabilities with Dirichlet calibration}, author={Kull, Meelis and Perello Nieto, Miquel and "
+        "K{\\\"a}ngsepp, Markus and Silva Filho, Telmo and Song, Hao and Flach, Peter}, booktitle={NeurIPS}, year={2019}}"
+    )
 
     def features(self, logits: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(logits, dim=1)

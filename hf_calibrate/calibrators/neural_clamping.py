@@ -64,6 +64,18 @@ class NeuralClamping(Calibrator):
 
     method = "neural_clamping"
     needs_base_model = True
+    title = "Neural Clamping"
+    description = (
+        "A universal input perturbation δ (one tensor shaped like one model input, added after normalisation) and a "
+        "temperature T are learned on the frozen classifier by SGD on the focal loss plus λ‖δ‖₂ (Tang, Chen & Ho, TMLR "
+        "2024). A held-out part of the calibration data selects the epoch and hyper-parameters and falls back to plain "
+        "temperature scaling (δ = 0) when δ does not help there."
+    )
+    citation = (
+        "@article{tang2024neural, title={Neural Clamping: Joint Input Perturbation and Temperature Scaling for Neural "
+        "Network Calibration}, author={Tang, Yung-Chen and Chen, Pin-Yu and Ho, Tsung-Yi}, "
+        "journal={Transactions on Machine Learning Research}, year={2024}}"
+    )
 
     @dataclasses.dataclass
     class Options:
@@ -142,7 +154,7 @@ class NeuralClamping(Calibrator):
         self.log_temperature = nn.Parameter(torch.zeros(()))
 
     @classmethod
-    def create(cls, num_classes: int, options: Any, **facts: Any) -> "NeuralClamping":
+    def create(cls, num_classes: int, options: "NeuralClamping.Options", **facts: Any) -> "NeuralClamping":
         return cls(num_classes, delta_shape=facts["delta_shape"], delta_space=facts["delta_space"])
 
     @property

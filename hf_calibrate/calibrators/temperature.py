@@ -28,6 +28,11 @@ CALIBRATION_DATA_FIX = (
 )
 #: above this many rows, Newton first runs on a strided subsample of this many rows
 WARM_START_ROWS = 2048
+#: Guo et al. (2017), the paper of temperature, vector and matrix scaling
+GUO_2017_CITATION = (
+    "@inproceedings{guo2017calibration, title={On Calibration of Modern Neural Networks}, "
+    "author={Guo, Chuan and Pleiss, Geoff and Sun, Yu and Weinberger, Kilian Q.}, booktitle={ICML}, year={2017}}"
+)
 
 
 def _nll_derivatives(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> Tuple[float, float]:
@@ -175,6 +180,10 @@ class TemperatureScaling(Calibrator):
 
     method = "temperature"
     preserves_argmax = True
+    title = "temperature scaling"
+    description = ("The logits are divided by one scalar temperature T fitted to minimise the negative log-likelihood on "
+                   "the calibration data. Predictions are unchanged.")
+    citation = GUO_2017_CITATION
 
     @dataclasses.dataclass
     class Options:
@@ -201,7 +210,7 @@ class TemperatureScaling(Calibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
-    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
+    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "TemperatureScaling.Options") -> Dict[str, Any]:
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
         if fit_context().announce:
             warn_if_without_minimum(beta, logits, labels, "the calibration data", CALIBRATION_DATA_FIX)

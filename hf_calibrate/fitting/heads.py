@@ -6,6 +6,10 @@ and kept in a :class:`FeatureStore`: in memory, or past the engine's ``spill_byt
 memory-mapped file (made in ``feature_cache_dir``, or the temp folder) read batch by batch each
 epoch, for features larger than memory. Every process receives every feature row and trains the
 (small) head identically; the main process's head is broadcast at the end.
+
+The loop is the head family's; what a method does differently lives in its class, as the hooks of
+:class:`~hf_calibrate.calibrators.heads.HeadCalibrator` (set-up, training loss, per-epoch facts and
+the step after validation), so a head method is one class (e.g. :mod:`hf_calibrate.calibrators.mac_cal`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ import torch
 
 from .._warnings import warn_user
 from ..backbones import Backbone
-from ..calibrators.heads import HeadCalibrator, MaskedClassifierHead, VariationalTwoStageHead
+from ..calibrators.heads import HeadCalibrator, HeadOptions
 from ..calibrators.temperature import fit_inverse_temperature, warn_if_without_minimum
 from ..data import CalibrationData
 from ..metrics import calibration_report
 from .engine import Engine
+
+#: salt of the seeded generator of the training batches' order (and of a head's per-step draws)
+TRAINING_SALT = 0x4EAD
+
 
 class FeatureStore:
     """Training features: rows (N, d) — in memory or memory-mapped (:mod:`hf_calibrate.fitting.rows`) — and their
@@ -93,7 +101,7 @@ def fit_head(
     train: CalibrationData,
     validation: Optional[CalibrationData],
     calibrator: HeadCalibrator,
-    options: Any,
+    options: HeadOptions,
     engine: Engine,
     temperature_data: Optional[CalibrationData] = None,
 ) -> Dict[str, Any]:
@@ -115,7 +123,8 @@ def fit_head(
         val_features, val_labels = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
     train_store = FeatureStore(features, labels, train_indices)
     calibrator.classifier = backbone.classifier_name
-    generator = _prepare_head(backbone, calibrator, options, engine)
+    generator = engine.generator(TRAINING_SALT)
+    calibrator.prepare_training(backbone.final_layer(), options, generator, engine.generator)
     history, best_epoch, best_nll = _train_head(calibrator, train_store, (val_features, val_labels), generator, options, engine)
     summary: Dict[str, Any] = {
         "trained_on": train.description, "validated_on": validation.description if validation is not train else
@@ -131,29 +140,11 @@ def fit_head(
     return summary
 
 
-def _warn_still_improving(method: str, epochs: int, options: Any) -> None:
+def _warn_still_improving(method: str, epochs: int, options: HeadOptions) -> None:
     warn_user(
         f"{method}: the validation NLL was still falling at the last of the default {epochs} epochs, so the head may be "
         f"under-trained. Pass epochs={2 * epochs} (or a larger lr than {options.lr:g}) to train it longer."
     )
-
-
-def _prepare_head(backbone: Backbone, calibrator: HeadCalibrator, options: Any, engine: Engine) -> torch.Generator:
-    """Initialise the head's weights, noise and masks as the method asks; return the training generator."""
-    head = calibrator.head_module
-    if isinstance(calibrator, MaskedClassifierHead) and options.init_from_base:
-        with torch.no_grad():
-            final = backbone.final_layer()
-            head.weight.copy_(final.weight)
-            head.bias.copy_(final.bias if final.bias is not None else torch.zeros_like(head.bias))
-    if isinstance(calibrator, VariationalTwoStageHead):
-        calibrator.draw_noise(engine.generator(0x7E57))
-    generator = engine.generator(0x4EAD)
-    if isinstance(calibrator, MaskedClassifierHead):
-        head.generator = generator
-        head.retention.fill_(options.initial_retention)
-        head.mask_seed.fill_(int(torch.randint(0, 2**62, (1,), generator=engine.generator(0x3A5C))))
-    return generator
 
 
 def _train_head(
@@ -161,17 +152,16 @@ def _train_head(
     train_store: FeatureStore,
     validation: Tuple[torch.Tensor, torch.Tensor],
     generator: torch.Generator,
-    options: Any,
+    options: HeadOptions,
     engine: Engine,
 ) -> Tuple[List[Dict[str, Any]], int, float]:
     """The epochs; the head is left in the state of the best epoch. Returns (history, best epoch, its NLL).
 
-    The saved state is exactly the validated one: MaC-Cal's controller writes the next epoch's
-    retention rate only after the epoch's state has been kept.
+    The saved state is exactly the validated one: the method's :meth:`~HeadCalibrator.after_validation`
+    (MaC-Cal's controller writing the next epoch's retention rate) runs only after the epoch's state has been kept.
     """
     head = calibrator.head_module
     optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=options.lr, weight_decay=options.weight_decay)
-    masked = isinstance(calibrator, MaskedClassifierHead)
     history: List[Dict[str, Any]] = []
     best_nll, best_state, best_epoch, stale = math.inf, None, 0, 0
     epochs = options.epochs_for(len(train_store))
@@ -182,16 +172,14 @@ def _train_head(
             record = {"epoch": epoch, "train_loss": train_loss, "seconds": time.perf_counter() - started}
             head.eval()
             record.update(_evaluate(head, *validation))
-            if masked:
-                record["retention"] = float(head.retention)
+            record.update(calibrator.epoch_facts())
             history.append(record)
             bar.update(1)
             bar.set_postfix(val_nll=f"{record['nll']:.4f}")
             stale += 1
             if record["nll"] < best_nll:
                 best_nll, best_state, best_epoch, stale = record["nll"], copy.deepcopy(head.state_dict()), epoch, 0
-            if masked:  # only now: the state above was validated at this epoch's rate
-                head.retention.fill_(calibrator.next_retention(record["retention"], record["confidence_gap"], options))
+            calibrator.after_validation(record, options)  # only now: the state above was validated as it was
             if options.patience is not None and stale >= options.patience:
                 break
     head.load_state_dict(best_state)

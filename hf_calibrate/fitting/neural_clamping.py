@@ -94,7 +94,7 @@ def fit_neural_clamping(
     backbone: Backbone,
     data: CalibrationData,
     calibrator: NeuralClamping,
-    options: Any,
+    options: NeuralClamping.Options,
     engine: Engine,
     validation: Optional[CalibrationData] = None,
 ) -> Dict[str, Any]:
@@ -120,7 +120,7 @@ def _fit(
     backbone: Backbone,
     data: CalibrationData,
     calibrator: NeuralClamping,
-    options: Any,
+    options: NeuralClamping.Options,
     engine: Engine,
     validation: Optional[CalibrationData],
 ) -> Dict[str, Any]:
@@ -170,7 +170,7 @@ def _fit(
     return _keep_best_or_fall_back(calibrator, best, start, options, summary)
 
 
-def _keep_best_or_fall_back(calibrator: NeuralClamping, best: _Snapshot, start: "_Start", options: Any, summary: Dict[str, Any]) -> Dict[str, Any]:
+def _keep_best_or_fall_back(calibrator: NeuralClamping, best: _Snapshot, start: "_Start", options: NeuralClamping.Options, summary: Dict[str, Any]) -> Dict[str, Any]:
     """Set the calibrator to the best snapshot when it beat TS on the held-out part (or nothing was held out), else to
     TS (δ = 0); return ``summary`` with the choice and the baseline."""
     scores = start.baseline_scores
@@ -200,7 +200,7 @@ def _train_epoch(
     gamma: float,
     weight: float,
     epoch: int,
-    options: Any,
+    options: NeuralClamping.Options,
     engine: Engine,
     bar: Any,
 ) -> float:
@@ -250,7 +250,7 @@ class _Start:
     baseline_scores: Optional[Dict[str, float]]  # that TS's held-out scores (None: nothing held out)
 
 
-def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: Any, engine: Engine) -> _Start:
+def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: NeuralClamping.Options, engine: Engine) -> _Start:
     """One pass of the base model over the calibration data (and the validation data): the split, the TS start, the baseline."""
     device = engine.device
     _require_rereadable(data, validation)
@@ -288,7 +288,7 @@ def _require_rereadable(*sources: Optional[CalibrationData]) -> None:
             )
 
 
-def _start_log_temperature(options: Any, ts_log_t: torch.Tensor) -> torch.Tensor:
+def _start_log_temperature(options: NeuralClamping.Options, ts_log_t: torch.Tensor) -> torch.Tensor:
     """log T's starting point: the TS optimum of the fitting part, or ``options.temperature_init``."""
     if isinstance(options.temperature_init, str):
         return ts_log_t
@@ -300,7 +300,7 @@ def _initial_delta(
     data: CalibrationData,
     fit_indices: torch.Tensor,
     calibrator: NeuralClamping,
-    options: Any,
+    options: NeuralClamping.Options,
     engine: Engine,
     log_t: torch.Tensor,
 ) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Calibration metrics (docs/design.md §2): exact, streaming and distributed.
 
-Functional core in :mod:`.functional`, the accumulator in :mod:`.streaming`.
+Functional core in :mod:`.functional`, the accumulator in :mod:`.streaming`; every metric's key,
+titles, model-index type and direction in one table, :mod:`.catalog`.
 """
 
 from ._checks import EvaluateInputChecks, NonFiniteError
+from .catalog import METRIC_CATALOG, MetricInfo
 from .debiased import debiased_calibration_error
 from .functional import (
     ReliabilityBins,
@@ -25,6 +27,8 @@ __all__ = [
     "EvaluateInputChecks",
     "Interval",
     "IntervalReport",
+    "METRIC_CATALOG",
+    "MetricInfo",
     "NonFiniteError",
     "ReliabilityBins",
     "accuracy",
