@@ -28,7 +28,7 @@ from .fitting.faults import note_nonfinite_outputs
 from .metrics import CalibrationMetrics
 
 Logits = Tuple[torch.Tensor, torch.Tensor]  # (logits (N, C) float32, labels (N,))
-Accumulators = Tuple[CalibrationMetrics, CalibrationMetrics]
+Accumulators = Tuple[CalibrationMetrics, ...]  # (uncalibrated, calibrated), or (uncalibrated,) of a plain model
 
 
 @dataclasses.dataclass
@@ -142,7 +142,8 @@ def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulato
     else:
         rows, labels, indices = scan_stream_locally(engine, data, lambda inputs: _both_logits(scorer, inputs),
                                                     num_classes=num_classes, description="evaluating")
-        base, calibrated = rows[:, :num_classes], rows[:, num_classes:] if scorer.calibrator is not None else rows
+        base = rows[:, :num_classes]
+        calibrated = rows[:, num_classes:] if scorer.calibrator is not None else base
     for side, logits in _named_sides(scorer, base, calibrated):
         note_nonfinite_outputs(engine.faults, data, logits, indices.tolist(), None, side)
     engine.sync_faults()

@@ -38,7 +38,7 @@ from .bbc import train_bbc_minilm
 from .data import load_bbc_news, load_digits, stratified_subset
 from .digits import train_digits_timm_cnn, train_digits_vit
 from .folders import atomic_folder, load_zoo_folder, save_timm, save_transformers
-from .training import TRAINING_THREADS, Trained, evaluation_metrics, fit_and_test, fit_classifier, predict_logits
+from .training import TRAINING_THREADS, Trained, evaluation_metrics, fit_and_test, fit_classifier, predict_logits, seeded
 
 #: Bump when a change to the training or saving code changes what is cached.
 TRAINING_CODE_VERSION = 4  # 3: the recipe records the machine provenance; 4: one training thread
@@ -180,8 +180,6 @@ def _training_view(dataset: datasets.DatasetDict, hparams: dict[str, Any]) -> da
 
 def _train_and_save(entry: ZooEntry, dataset: datasets.DatasetDict, folder: Path, progress: bool) -> None:
     """Train ``entry`` on ``dataset`` and save model, preprocessor and recipe into ``folder`` atomically."""
-    from .training import seeded
-
     start, start_cpu = time.perf_counter(), time.process_time()
     training_data = _training_view(dataset, entry.hparams)
     with seeded(entry.hparams["seed"]):
