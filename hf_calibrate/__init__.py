@@ -1,17 +1,52 @@
 """hf_calibrate: calibration for Hugging Face timm and transformers classifiers.
 
-Importing the package registers ``CalibratedModel`` with the transformers Auto classes, so
-``pipeline(task, model="user/calibrated-repo")`` loads the calibrated model.
+The names below are imported when first used, so ``import hf_calibrate`` (and ``hf-calibrate
+--help``) stays quick and imports neither ``datasets``, ``evaluate`` nor ``matplotlib``.
+``CalibratedModel`` registers itself with the transformers Auto classes when it is first used
+through this package (``from hf_calibrate import CalibratedModel``), and at import when
+transformers is already imported, so that ``pipeline(task, model="user/calibrated-repo")``
+loads the calibrated model; :func:`register_auto_classes` does it explicitly.
 """
 
-from . import calibrators, metrics
-from .calibrators import CALIBRATORS
-from .fitting import EngineOptions
-from .modeling import CalibratedConfig, CalibratedModel, TemperatureScalingFallbackWarning, register_auto_classes
-from .serialization import ArtifactError
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
 from .version import __version__
 
-register_auto_classes()
+# name → module of the package that defines it
+_EXPORTS = {
+    "ArtifactError": "serialization",
+    "CALIBRATORS": "calibrators",
+    "CalibratedConfig": "modeling",
+    "CalibratedModel": "modeling",
+    "EngineOptions": "fitting",
+    "TemperatureScalingFallbackWarning": "modeling",
+    "register_auto_classes": "modeling",
+}
+_SUBPACKAGES = ("calibrators", "metrics")
+
+
+def _modeling() -> Any:
+    """:mod:`hf_calibrate.modeling`, with ``CalibratedModel`` registered with the transformers Auto classes."""
+    modeling = importlib.import_module(f"{__name__}.modeling")
+    modeling.register_auto_classes()
+    return modeling
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _modeling() if _EXPORTS[name] == "modeling" else importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+    return getattr(module, name)
+
+
+if "transformers" in sys.modules:  # a transformers user: pipelines must know calibrated repos from now on
+    _modeling()
 
 __all__ = [
     "ArtifactError",

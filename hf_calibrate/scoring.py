@@ -6,6 +6,8 @@ dataset index and the engine's seed, so results are the same on any number of pr
 batch size. Map-style data are scored batch by batch (each process its strided share); a stream not
 read before is scored in one first pass, each process adding the samples it read (no exchange of
 logits: docs/design.md §3.0); kept base logits of a logit-space calibration need no data at all.
+A plain model (a :class:`Scorer` without a calibrator) is scored the same way on its one side
+(:func:`evaluate_plain_model`).
 """
 
 from __future__ import annotations
@@ -14,42 +16,65 @@ import dataclasses
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 
 from . import evaluation
-from .backbones import Backbone
+from .backbones import Backbone, adapt
 from .calibrators import Calibrator
-from .data import CalibrationData, StreamedData
-from .fitting import Engine
+from .data import CalibrationData, StreamedData, prepare_data
+from .fitting import Engine, EngineOptions
 from .fitting.scan import scan_stream_locally
 from .fitting.faults import note_nonfinite_outputs
 from .metrics import CalibrationMetrics
 
 Logits = Tuple[torch.Tensor, torch.Tensor]  # (logits (N, C) float32, labels (N,))
-Accumulators = Tuple[CalibrationMetrics, CalibrationMetrics]
+Accumulators = Tuple[CalibrationMetrics, ...]  # (uncalibrated, calibrated), or (uncalibrated,) of a plain model
 
 
 @dataclasses.dataclass
 class Scorer:
-    """What a pass needs of a calibrated model: its base, its calibrator, and its calibrated forward (inputs → logits)."""
+    """What a pass needs of a calibrated model: its base, its calibrator, and its calibrated forward (inputs → logits).
+
+    A plain model's scorer has no calibrator (:meth:`plain`): only its base's side is scored.
+    """
 
     backbone: Backbone
-    calibrator: Calibrator
+    calibrator: Optional[Calibrator]
     calibrated_logits: Callable[[Dict[str, Any]], torch.Tensor]
+
+    @classmethod
+    def plain(cls, backbone: Backbone) -> "Scorer":
+        """The scorer of an uncalibrated model: its own logits on one side."""
+        return cls(backbone, None, backbone.logits)
+
+    @property
+    def sides(self) -> int:
+        """Accumulators a pass fills: 2 (uncalibrated, calibrated), or 1 for a plain model."""
+        return 1 if self.calibrator is None else 2
+
+    @property
+    def num_classes(self) -> int:
+        return self.backbone.num_classes if self.calibrator is None else self.calibrator.num_classes
 
     @property
     def logit_space(self) -> bool:
         """Whether the calibration maps the base's logits (no δ, no new head): calibrated logits need no forward pass."""
-        return self.calibrator.input_perturbation is None and self.calibrator.head is None
+        return self.calibrator is None or (self.calibrator.input_perturbation is None and self.calibrator.head is None)
+
+    def calibrate(self, base_logits: torch.Tensor) -> torch.Tensor:
+        """A logit-space calibration of ``base_logits`` (n, C); a plain model's are its own."""
+        return base_logits if self.calibrator is None else self.calibrator(base_logits)
 
 
 def score(scorer: Scorer, engine: Engine, data: Optional[CalibrationData], bins_and_replicates: Tuple[int, int],
           kept: Optional[Logits]) -> Accumulators:
-    """(uncalibrated, calibrated) accumulators over ``data``, with (n_bins, bootstrap replicates) ``bins_and_replicates``.
+    """(uncalibrated, calibrated) accumulators over ``data``, with (n_bins, bootstrap replicates) ``bins_and_replicates``
+    (a plain model's scorer: (uncalibrated,) only).
 
     ``kept`` (base logits and labels of every sample, in dataset order) replaces the base model's forward
     pass; a logit-space calibration then needs no data at all (``data`` may be None).
     """
-    accumulators = evaluation.accumulators(scorer.calibrator.num_classes, *bins_and_replicates, seed=engine.options.seed)
+    accumulators = evaluation.accumulators(scorer.num_classes, *bins_and_replicates, seed=engine.options.seed)[: scorer.sides]
     if kept is not None:
         kept = (kept[0].to(engine.device), kept[1].to(engine.device))
     streamed = data is None or (isinstance(data, StreamedData) and data.index is None)
@@ -63,7 +88,7 @@ def score(scorer: Scorer, engine: Engine, data: Optional[CalibrationData], bins_
 
 
 def _update(accumulators: Accumulators, base: torch.Tensor, calibrated: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> None:
-    """Add the samples ``indices`` (dataset indices: their bootstrap keys) with both sides' logits."""
+    """Add the samples ``indices`` (dataset indices: their bootstrap keys) with each side's logits (a plain model: the base's)."""
     for accumulator, logits in zip(accumulators, (base, calibrated)):
         accumulator.update(logits, labels, sample_index=indices.tolist(), from_logits=True)
 
@@ -74,7 +99,7 @@ def _score_kept(scorer: Scorer, engine: Engine, accumulators: Accumulators, kept
     base, labels = kept
     share = torch.arange(engine.rank, len(labels), engine.world, device=labels.device)
     with engine.autocast():
-        calibrated = scorer.calibrator(base[share]).float()
+        calibrated = scorer.calibrate(base[share]).float()
     _update(accumulators, base[share], calibrated, labels[share], share)
 
 
@@ -90,7 +115,7 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
     """Map-style data (or a stream already indexed): global batches in order, each process its share."""
     if kept is not None:
         _check_kept(kept, len(data), data)
-    num_classes = scorer.calibrator.num_classes
+    num_classes = scorer.num_classes
     batches = engine.global_batches(torch.arange(len(data)), shuffle=False)
     passes = _kept_batches(engine, data, batches, kept[1]) if kept is not None and scorer.logit_space else engine.batches(data, batches)
     with engine.progress(len(batches), "evaluating") as bar:
@@ -98,8 +123,8 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
             for micro, inputs, labels in micro_batches:
                 base_logits, calibrated_logits = _logit_pair(scorer, engine, inputs, micro, kept)
                 bad = engine.note_label_faults(labels, num_classes)
-                bad |= note_nonfinite_outputs(engine.faults, data, base_logits, micro, number, "logits")
-                bad |= note_nonfinite_outputs(engine.faults, data, calibrated_logits, micro, number, "calibrated logits")
+                for side, logits in _named_sides(scorer, base_logits, calibrated_logits):
+                    bad |= note_nonfinite_outputs(engine.faults, data, logits, micro, number, side)
                 if not bad:
                     _update(accumulators, base_logits, calibrated_logits, labels, torch.as_tensor(micro))
             engine.sync_faults()
@@ -108,7 +133,7 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
 
 def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulators: Accumulators, kept: Optional[Logits]) -> None:
     """A stream's first pass: each process adds the samples it read, keyed by their dataset indices (no exchange)."""
-    num_classes = scorer.calibrator.num_classes
+    num_classes = scorer.num_classes
     if kept is not None:
         calibrated, labels, indices = scan_stream_locally(engine, data, lambda inputs: scorer.calibrated_logits(inputs).float(),
                                                           num_classes=num_classes, description="evaluating")
@@ -117,16 +142,24 @@ def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulato
     else:
         rows, labels, indices = scan_stream_locally(engine, data, lambda inputs: _both_logits(scorer, inputs),
                                                     num_classes=num_classes, description="evaluating")
-        base, calibrated = rows[:, :num_classes], rows[:, num_classes:]
-    for side, logits in (("logits", base), ("calibrated logits", calibrated)):
+        base = rows[:, :num_classes]
+        calibrated = rows[:, num_classes:] if scorer.calibrator is not None else base
+    for side, logits in _named_sides(scorer, base, calibrated):
         note_nonfinite_outputs(engine.faults, data, logits, indices.tolist(), None, side)
     engine.sync_faults()
     _update(accumulators, base, calibrated, labels, indices)
 
 
+def _named_sides(scorer: Scorer, base: torch.Tensor, calibrated: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+    """(name in fault messages, logits) of each side a pass scores."""
+    return [("logits", base), ("calibrated logits", calibrated)][: scorer.sides]
+
+
 def _both_logits(scorer: Scorer, inputs: Dict[str, Any]) -> torch.Tensor:
-    """(n, 2C): the base's logits, then the calibrated model's."""
+    """(n, 2C): the base's logits, then the calibrated model's; a plain model: (n, C), the base's."""
     base = scorer.backbone.logits(inputs).float()
+    if scorer.calibrator is None:
+        return base
     calibrated = scorer.calibrator(base) if scorer.logit_space else scorer.calibrated_logits(inputs)
     return torch.cat([base, calibrated.float()], dim=1)
 
@@ -140,7 +173,7 @@ def _logit_pair(scorer: Scorer, engine: Engine, inputs: Optional[Dict[str, Any]]
         else:
             base_logits = scorer.backbone.logits(inputs).float()
         if scorer.logit_space:
-            calibrated_logits = scorer.calibrator(base_logits).float()
+            calibrated_logits = scorer.calibrate(base_logits).float()
         else:
             calibrated_logits = scorer.calibrated_logits(inputs).float()
     return base_logits, calibrated_logits
@@ -155,3 +188,27 @@ def _kept_batches(
     for number, batch in enumerate(batches):
         micro_batches = engine.local_micro_batches(data, batch)
         yield number, iter([(micro, None, labels[torch.as_tensor(micro, device=labels.device)]) for micro in micro_batches])
+
+
+@torch.no_grad()
+def evaluate_plain_model(
+    model: nn.Module, data: Any, *, n_bins: int, dataset_name: str, split: str, bootstrap: int, **options: Any
+) -> Dict[str, Any]:
+    """Metrics of an uncalibrated model's own logits on labelled ``data``, shaped like :meth:`CalibratedModel.evaluate`'s
+    ``uncalibrated`` side: ``{"uncalibrated": metrics, "reliability": {"uncalibrated": bins}, "dataset", "split",
+    "n_bins", "bootstrap"}`` (the last with ``bootstrap`` > 0 replicates).
+
+    The same pass as a calibrated model's (:func:`score`), so a plain model's numbers are those of the
+    uncalibrated side of any of its calibrations; ``options``: :class:`~hf_calibrate.fitting.EngineOptions` fields.
+    """
+    bootstrap = evaluation.check_bootstrap(bootstrap)
+    engine = Engine(EngineOptions(**options))
+    backbone = adapt(model)
+    model.to(engine.device).eval()
+    prepared = prepare_data(data, backbone, **engine.options.data_options())
+    (metrics,) = score(Scorer.plain(backbone), engine, prepared, (n_bins, bootstrap), kept=None)
+    result = {"uncalibrated": evaluation.summarize_one(metrics), "reliability": {"uncalibrated": metrics.reliability().to_dict()},
+              "dataset": dataset_name, "split": split, "n_bins": n_bins}
+    if bootstrap:
+        result["bootstrap"] = evaluation.bootstrap_settings(metrics)
+    return result

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_calibrate.cli import DEMO_METRICS, DEMO_METHODS, demo_folder
+from hf_calibrate.cli import DEMO_METRICS
+from hf_calibrate.demo.command import DEMO_METHODS, demo_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")

@@ -7,6 +7,7 @@ reused; only the first run trains them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from hf_calibrate.demo import (
     load_bbc_news,
     load_digits,
 )
+from hf_calibrate.demo import bbc, folders, training
 from hf_calibrate.demo import models as zoo
 from hf_calibrate.demo.data import bbc_news_folder, stratified_split_indices
 
@@ -132,13 +134,13 @@ def test_cache_key_depends_on_recipe_and_code_version(monkeypatch: pytest.Monkey
 
 def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path: Path) -> None:
     target = tmp_path / "model-abc"
-    with zoo._atomic_folder(target) as scratch:
+    with folders.atomic_folder(target) as scratch:
         (scratch / "mine.txt").write_text("mine")
         target.mkdir()
         (target / "theirs.txt").write_text("theirs")
     assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
     assert [p.name for p in target.iterdir()] == ["theirs.txt"]
-    with pytest.raises(RuntimeError), zoo._atomic_folder(tmp_path / "broken") as scratch:
+    with pytest.raises(RuntimeError), folders.atomic_folder(tmp_path / "broken") as scratch:
         (scratch / "half.bin").write_bytes(b"0")
         raise RuntimeError("training failed")
     assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
@@ -147,10 +149,10 @@ def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path: 
 def test_seeded_restores_global_torch_state() -> None:
     before = torch.random.get_rng_state()
     flags = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
-    with zoo._seeded(123):
+    with training.seeded(123):
         inside = torch.rand(3)
         assert torch.are_deterministic_algorithms_enabled()
-    with zoo._seeded(123):
+    with training.seeded(123):
         assert torch.equal(torch.rand(3), inside)
     assert torch.equal(torch.random.get_rng_state(), before)
     assert (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory) == flags
@@ -196,7 +198,7 @@ def test_second_call_loads_the_same_model_without_training(demo: DemoModel, monk
     def no_training(*args, **kwargs):
         raise AssertionError("the second call must load from the cache")
 
-    monkeypatch.setitem(zoo.TRAINERS, demo.name, no_training)
+    monkeypatch.setitem(zoo.ZOO, demo.name, dataclasses.replace(zoo.ZOO[demo.name], train=no_training))
     again = BUILDERS[demo.name](progress=False)
     _assert_same_state(_state(demo.model), _state(again.model))
     assert again.recipe == demo.recipe and again.path == demo.path
@@ -265,8 +267,8 @@ def test_minilm_head_lives_in_a_normal_sequence_classifier() -> None:
     encoded = demo.preprocessor(texts, truncation=True, padding=True, return_tensors="pt")
     with torch.inference_mode():
         logits = demo.model(**encoded).logits
-        features = zoo._cls_features(demo.model, demo.preprocessor, texts, demo.recipe["hparams"]["max_length"], False)
-        head_logits = zoo._BertHead(demo.model)(features)
+        features = bbc.cls_features(demo.model, demo.preprocessor, texts, demo.recipe["hparams"]["max_length"], False)
+        head_logits = bbc.BertHead(demo.model)(features)
     torch.testing.assert_close(logits, head_logits, rtol=1e-4, atol=1e-4)
     labels = torch.tensor(demo.dataset["test"]["label"][:48])
     assert (logits.argmax(dim=1) == labels).double().mean().item() >= 0.85
@@ -279,14 +281,14 @@ def test_retraining_in_a_fresh_cache_is_bit_identical(tmp_path: Path, monkeypatc
     number of threads, and gives the caller's setting back."""
     cached = digits_timm_cnn(progress=False)
     trained: dict[str, dict[str, torch.Tensor]] = {}
-    train = zoo.TRAINERS[cached.name]
+    train = zoo.ZOO[cached.name].train
 
     def spy(*args, **kwargs):
         model, preprocessor, metrics = train(*args, **kwargs)
         trained["state"] = _state(model)
         return model, preprocessor, metrics
 
-    monkeypatch.setitem(zoo.TRAINERS, cached.name, spy)
+    monkeypatch.setitem(zoo.ZOO, cached.name, dataclasses.replace(zoo.ZOO[cached.name], train=spy))
     callers_threads = torch.get_num_threads()
     try:
         torch.set_num_threads(callers_threads + 2)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -92,3 +94,31 @@ def test_tqdm_disable_and_a_missing_stderr_silence_the_lines(capsys, monkeypatch
 def test_an_ipython_kernel_keeps_the_redrawing_bar(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module object: only its presence is read
     assert _progress.redraws()
+
+
+STAGE_LINE = re.compile(r"^[^:]+: \d+(/\d+)? \w+ (in \d+\.\d s|\d+ s so far)")
+
+
+def test_a_command_logged_to_a_file_writes_lines_not_redraws(digits_cnn, tmp_path):
+    """``hf-calibrate fit`` with its progress bars on (the default) and stdout and stderr going to one file, as
+    in CI or a batch job: no carriage return, no tqdm bar (ours, datasets' or transformers'), and only the
+    command's own lines — its notes, the table and at most one line per stage."""
+    from test_cli import write_image_folder
+
+    rows = {split: digits_cnn.dataset[split].select(range(120)) for split in ("calibration", "test")}
+    folder = write_image_folder(tmp_path / "digits", rows)
+    log = tmp_path / "fit.log"
+    with open(log, "w", encoding="utf-8") as stream:
+        result = subprocess.run(
+            [sys.executable, "-m", "hf_calibrate.cli", "fit", "--model", str(digits_cnn.path), "--dataset", str(folder),
+             "--method", "temperature", "--bootstrap", "0", "--output", str(tmp_path / "out")],
+            stdout=stream, stderr=subprocess.STDOUT, timeout=600, cwd=Path(__file__).resolve().parents[1],
+        )
+    text = log.read_text(encoding="utf-8")
+    assert result.returncode == 0, text
+    assert "\r" not in text and "%|" not in text and "it/s" not in text, text
+    lines = text.splitlines()
+    table = lines.index(next(line for line in lines if line.startswith("metric ")))
+    stages = [line for line in lines if STAGE_LINE.match(line)]
+    assert len(lines) - len(stages) == table + 2 + 7 + 1, text  # notes, header and rule, 7 metrics, the saved note
+    assert len(stages) <= 3, text  # a stage of a short fit writes nothing, a long one one line

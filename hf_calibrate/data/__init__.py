@@ -12,6 +12,9 @@ methods and ``evaluate``, refused by Neural Clamping, which reads its data every
 
 Rows of ``datasets`` datasets hold model inputs, are turned into them by ``preprocess(row)``, or
 hold raw ``image``/``text`` columns preprocessed with the model's own preprocessing (:mod:`.rows`).
+
+Data named by a string (a local folder or file, a hub id) are read into splits with the model's
+labels by :mod:`.reading` (what the command line's ``--dataset`` goes through).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..backbones import Backbone
 from .batches import LABEL_KEYS, Batch, collate_rows, split_batch
 from .labels import align_labels, label_indices, label_tensor, model_label_names
 from .mapped import DEFAULT_CACHE_BYTES, PreparedData, datasets_rows, loader_samples, map_style_samples
+from .reading import LoadedData, align_split_labels, label_column_of, load_splits, read_labelled_splits, select_split
 from .rows import RowOptions
 from .sources import source_of
 from .stream import StreamedData, StreamIndex
@@ -75,14 +79,20 @@ __all__ = [
     "CalibrationData",
     "DEFAULT_CACHE_BYTES",
     "LABEL_KEYS",
+    "LoadedData",
     "PreparedData",
     "StreamIndex",
     "StreamedData",
     "align_labels",
+    "align_split_labels",
     "collate_rows",
     "label_indices",
+    "label_column_of",
     "label_tensor",
+    "load_splits",
     "model_label_names",
     "prepare_data",
+    "read_labelled_splits",
+    "select_split",
     "split_batch",
 ]

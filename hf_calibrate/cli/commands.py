@@ -1,0 +1,164 @@
+"""The handlers of ``hf-calibrate fit``, ``evaluate`` and ``compare`` (``demo``'s: :mod:`hf_calibrate.demo.command`).
+
+Each takes the parsed arguments, the process state and the :class:`~.output.Console`, and
+imports what it uses when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._errors import UserError
+from .inputs import engine_options, fit_options, fit_splits, flag_options, load_data
+from .output import Console, check_writable, draw_diagram, fallback_reported_here, metric_table
+
+if TYPE_CHECKING:
+    from ..model_loading import LoadedModel
+
+
+def _load_model(args: argparse.Namespace, state: Any) -> LoadedModel:
+    """``--model`` (with its hub and timm flags), loaded by the main process first (it fills the hub cache)."""
+    from ..model_loading import load_model
+
+    with state.main_process_first():
+        return load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained,
+                          num_classes=args.num_classes)
+
+
+def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
+    """``hf-calibrate fit``: load, fit, evaluate, print the table, save and/or push.
+
+    The table is of the evaluation split (:func:`~.inputs.fit_splits`). Without one it is of the calibration
+    split itself, labelled in-sample everywhere, and reuses the base logits the fit computed
+    (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs over it once, not twice.
+    """
+    from ..backbones import adapt
+    from ..modeling import fit_and_evaluate
+    from ..reporting import CLI_FALLBACK_ADVICE, FALLBACK_SAVED, evaluation_label, in_sample_warning, source_display_name
+
+    if args.output is None and args.push_to_hub is None:
+        raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
+    options = fit_options(args)
+    if args.output is not None and state.is_main_process:
+        check_writable(args.output, "--output", folder=True)
+    loaded = _load_model(args, state)
+    if loaded.calibrated:
+        raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); fit a calibration of its base model instead.")
+    data = load_data(args, adapt(loaded.model), state, options.get("label_column"), lambda available: fit_splits(args, available))
+    role = "evaluation" if "evaluation" in data.splits else "calibration"
+    if role == "evaluation" and not args.eval_split:
+        console.note(f"evaluating on the split {data.names[role]!r}, which the fit does not use (--eval-split chooses another)")
+    dataset = source_display_name(args.dataset)
+    calibrated, evaluation = fit_and_evaluate(
+        loaded.model, data.splits["calibration"], data.splits[role], method=args.method,
+        validation_data=data.splits.get("validation"), dataset_name=dataset, split=data.names["calibration"],
+        evaluation_options={"dataset_name": dataset, "split": data.names[role], "bootstrap": args.bootstrap,
+                            **engine_options(options)},
+        **{"preprocessor": loaded.preprocessor, **options},
+    )
+    console.result(f"{args.method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
+    console.result(metric_table(evaluation))
+    console.warn(in_sample_warning(evaluation, data.available))
+    fallback = calibrated.fallback_note()
+    console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
+    save_and_push(calibrated, args, state, console, base_model_id=loaded.hub_id)
+
+
+def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console: Console, base_model_id: Optional[str]) -> None:
+    """Write the calibrated model to ``--output`` and push it to ``--push-to-hub`` (main process only);
+    ``base_model_id``: the base's hub repo, when known (the card's ``base_model``)."""
+    if args.output is not None:
+        calibrated.save_pretrained(args.output, is_main_process=state.is_main_process, repo_id=args.push_to_hub,
+                                   base_model_id=base_model_id)
+        console.note(f"saved the calibrated model, its model card and reliability diagram to {args.output}")
+    if args.push_to_hub is not None and state.is_main_process:
+        commit = calibrated.push_to_hub(args.push_to_hub, private=args.private or None, token=args.token,
+                                        base_model_id=base_model_id)
+        console.note(f"pushed to {args.push_to_hub}: {getattr(commit, 'commit_url', commit)}")
+    state.wait_for_everyone()
+
+
+def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None:
+    """``hf-calibrate evaluate``: metrics of a calibrated (before/after) or plain model."""
+    from ..backbones import adapt
+    from ..cards import diagram_title
+    from ..data.reading import select_split
+    from ..reporting import evaluation_label, in_sample_warning, source_display_name
+    from ..scoring import evaluate_plain_model
+
+    if args.diagram is not None and state.is_main_process:
+        check_writable(args.diagram, "--diagram", folder=False)
+    loaded = _load_model(args, state)
+    if args.push_results and not loaded.calibrated:
+        raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
+    data = load_data(args, adapt(loaded.base), state, args.label_column,
+                     lambda available: {"evaluation": select_split(available, args.split, ("test",), "--split")})
+    naming = dict(dataset_name=source_display_name(args.dataset), split=data.names["evaluation"], n_bins=args.n_bins,
+                  bootstrap=args.bootstrap)
+    options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
+    if loaded.calibrated:
+        evaluation = loaded.model.evaluate(data.splits["evaluation"], **naming, **options)
+    else:
+        evaluation = evaluate_plain_model(loaded.model, data.splits["evaluation"], **naming, **options)
+    if args.json:
+        console.result(json.dumps({"model": args.model, **evaluation}, indent=2))
+    else:
+        console.result(f"{args.model} on {evaluation_label(evaluation)}:")
+        console.result(metric_table(evaluation))
+    console.warn(in_sample_warning(evaluation, data.available))
+    if args.diagram is not None and state.is_main_process:
+        draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation)}")
+        console.note(f"wrote the reliability diagram to {args.diagram}")
+    if args.push_results and state.is_main_process:
+        from .. import _hub
+
+        commit = _hub.push_evaluation_results(args.push_results, evaluation, token=args.token)
+        console.note(f"pushed the results to {args.push_results}: {getattr(commit, 'commit_url', commit)}")
+
+
+def _check_compare_splits(args: argparse.Namespace, data: Any) -> None:
+    """compare ranks on a split no fit uses, with intervals: refuse anything else before fitting."""
+    fitted_on = {name for role, name in data.names.items() if role != "evaluation"}
+    if data.names.get("evaluation") in fitted_on:
+        raise UserError(f"--eval-split {data.names['evaluation']!r} is a split the fits use, so the ranking would be in-sample "
+                        "and favour the methods that fit it closest; rank on a split no fit uses.")
+    if args.bootstrap == 0:
+        raise UserError("compare ranks by paired bootstrap intervals: --bootstrap must be at least 100 (default 1000).")
+    if "evaluation" not in data.splits:
+        raise UserError(f"compare ranks methods on a split the fits do not use, and {args.dataset} has none besides "
+                        f"{data.names['calibration']!r} (its splits: {data.available}); add one, or name it with --eval-split.")
+
+
+def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
+    """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
+    from .. import comparison
+    from ..backbones import adapt
+    from ..modeling import CalibratedModel
+    from ..reporting import source_display_name
+
+    if state.is_main_process:
+        check_writable(args.output, "--output", folder=True)
+    loaded = _load_model(args, state)
+    if loaded.calibrated:
+        raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); compare calibrations of its base model.")
+    data = load_data(args, adapt(loaded.model), state, args.label_column, lambda available: fit_splits(args, available))
+    _check_compare_splits(args, data)
+    options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
+    models = {}
+    with fallback_reported_here():
+        for method in args.methods:
+            console.note(f"fitting {method} on the split {data.names['calibration']!r}")
+            models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
+                                                 validation_data=data.splits.get("validation"), **options)
+            fallback = models[method].fallback_note()
+            console.warn(fallback and f"{method}: {fallback}")
+    result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
+                                bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),
+                                split=data.names["evaluation"], **engine_options(options))
+    table = comparison.markdown_table(result)
+    console.result(table)
+    if state.is_main_process:
+        comparison.write(result, table, args.output)
+        console.note(f"wrote comparison.md, comparison.json and comparison.png to {args.output}")
