@@ -66,10 +66,11 @@ from bench_quality import (
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
 from hf_calibrate.metrics import calibration_report, paired_bootstrap_intervals, smooth_calibration_error, verdict
+from hf_calibrate.metrics.catalog import METRIC_INFO
 
 NAME = "defaults"
 MODELS = ("bbc_minilm", "digits_cnn", "digits_vit")  # longest first: with fewer --jobs than models it starts first
-METRICS = (("ece", "ECE"), ("smooth_ece", "smECE"), ("nll", "NLL"), ("brier", "Brier"))
+METRICS = tuple((key, METRIC_INFO[key].title) for key in ("ece", "smooth_ece", "nll", "brier"))
 BOOTSTRAP_METRICS = ("ece", "nll")
 REPLICATES = 1000
 DEFAULT_NC = "NC (select NLL: default)"

@@ -6,7 +6,7 @@ train a small head for many epochs on the cached rows. This benchmark times, on 
 interleaved rounds:
 
 * one backbone forward pass over the training rows (``model(x)`` in batches, ``no_grad``): the unit;
-* the one-off feature extraction the fits run (``hf_calibrate.fitting.collect_features``: one pass over
+* the one-off feature extraction the fits run (``hf_calibrate.fitting.heads.collect_features``: one pass over
   the training and validation rows, exactly as ``fit_head`` calls it);
 * a full ``CalibratedModel.fit(..., method=m)`` for each head method (default options, 40 epochs),
 
@@ -37,7 +37,8 @@ from _report import Measured, Timing
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
 from hf_calibrate.data import prepare_data
-from hf_calibrate.fitting import Engine, EngineOptions, collect_features
+from hf_calibrate.fitting import Engine, EngineOptions
+from hf_calibrate.fitting.heads import collect_features
 
 NAME = "head_cost"
 TARGET = 0.05
@@ -176,7 +177,7 @@ def report(session: _report.Session, results: Results) -> str:
         "*per epoch incl. validation* = (whole fit − one extraction) / epochs: it adds the validation NLL/ECE "
         "each epoch, the best-state copy and the fit's fixed costs.",
         f"- The forward pass is `model(x)` under `no_grad` over the {train_rows:,} training images in batches of "
-        f"{batch}; the extraction is `hf_calibrate.fitting.collect_features` (the same call `fit_head` makes): one pass "
+        f"{batch}; the extraction is `hf_calibrate.fitting.heads.collect_features` (the same call `fit_head` makes): one pass "
         "over the training and the validation rows, with `batch_size` "
         f"{batch}: a forward pass with a hook capturing the classifier's input, plus the engine's batching and "
         "collation from a `TensorDataset`.",

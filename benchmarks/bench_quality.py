@@ -50,11 +50,12 @@ from hf_calibrate.backbones import adapt
 from hf_calibrate.corruptions import corrupted_versions
 from hf_calibrate.data import prepare_data
 from hf_calibrate.metrics import calibration_report
+from hf_calibrate.metrics.catalog import METRIC_INFO
 
 NAME = "quality"
 LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
 HEAD_METHODS = ("tst", "vtst", "mac_cal")
-COLUMNS = (("accuracy", "acc"), ("ece", "ECE"), ("ada_ece", "AdaECE"), ("classwise_ece", "cw-ECE"), ("nll", "NLL"), ("brier", "Brier"))
+COLUMNS = tuple((key, METRIC_INFO[key].short_title) for key in ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier"))
 SHIFT_SEVERITY = 3
 #: Neural Clamping arms: the default (held-out NLL selects the epoch and the fallback to TS) and the
 #: former default criterion, held-out 15-bin ECE — the evidence for the change of default

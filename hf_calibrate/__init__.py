@@ -2,18 +2,19 @@
 
 The names below are imported when first used, so ``import hf_calibrate`` (and ``hf-calibrate
 --help``) stays quick and imports neither ``datasets``, ``evaluate`` nor ``matplotlib``.
-``CalibratedModel`` registers itself with the transformers Auto classes when it is first used
-through this package (``from hf_calibrate import CalibratedModel``), and at import when
-transformers is already imported, so that ``pipeline(task, model="user/calibrated-repo")``
-loads the calibrated model; :func:`register_auto_classes` does it explicitly.
+``CalibratedModel`` registers itself with the transformers Auto classes as soon as transformers is
+imported (now, if it already is; else right after the user's own import of it, see
+:mod:`hf_calibrate._auto_registration`) and when first used through this package, so that
+``pipeline(task, model="user/calibrated-repo")`` loads the calibrated model;
+:func:`register_auto_classes` does it explicitly.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
+from ._auto_registration import register_when_transformers_loads
 from .version import __version__
 
 # name → module of the package that defines it
@@ -45,8 +46,7 @@ def __getattr__(name: str) -> Any:
     return getattr(module, name)
 
 
-if "transformers" in sys.modules:  # a transformers user: pipelines must know calibrated repos from now on
-    _modeling()
+register_when_transformers_loads()  # pipelines know calibrated repos once transformers is imported, whenever that is
 
 __all__ = [
     "ArtifactError",

@@ -7,7 +7,8 @@ the base's and the calibrated model's logits added to a before/after pair of acc
 (:mod:`hf_calibrate.scoring`). :meth:`CalibratedModel.evaluate` and
 :func:`~hf_calibrate.modeling.fit_and_evaluate` summarize the pair (:func:`evaluate_model`);
 :func:`hf_calibrate.comparison.compare` pairs the calibrated sides of several models. An uncalibrated
-model's own metrics (the CLI's ``evaluate`` of a plain model) come from :func:`evaluate_base_model`.
+model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same pass
+(:func:`hf_calibrate.scoring.evaluate_plain_model`).
 
 :meth:`CalibratedModel.evaluate`'s result is plain JSON data (``json.dumps`` takes it)::
 
@@ -35,7 +36,6 @@ import torch
 from torch import nn
 
 from . import evaluation, reporting, scoring
-from .backbones import adapt
 from .backbones.preprocessing import evaluation_options
 from .calibrators import calibrator_class
 from .data import prepare_data
@@ -186,28 +186,3 @@ def fit_and_evaluate(
     calibrated = CalibratedModel._from_fit(model, fitted)
     data = calibration_data if evaluation_data is None else evaluation_data
     return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
-
-
-def evaluate_base_model(
-    model: nn.Module, data: Any, *, n_bins: int, dataset_name: str, split: Optional[str], bootstrap: int, **options: Any
-) -> Dict[str, Any]:
-    """Metrics of an uncalibrated model's own logits, shaped like :meth:`CalibratedModel.evaluate`'s ``uncalibrated`` side
-    (with its ``reliability``, ``dataset``, ``split``, ``n_bins`` and, when bootstrapped, ``bootstrap``).
-
-    ``options``: engine options. The engine gathers every batch's logits on every process, so each process
-    computes the same metrics without a further collective.
-    """
-    bootstrap = evaluation.check_bootstrap(bootstrap)
-    engine = Engine(EngineOptions(**options))
-    backbone = adapt(model)
-    model.to(engine.device).eval()
-    prepared = prepare_data(data, backbone, **engine.options.data_options())
-    metrics = evaluation.accumulators(backbone.num_classes, n_bins, bootstrap, engine.options.seed)[0]
-    logits, labels = engine.scan(prepared, backbone.logits, num_classes=backbone.num_classes, description="evaluating")
-    metrics.update(logits, labels, sample_index=torch.arange(len(labels)), from_logits=True)
-    result = {"uncalibrated": evaluation.summarize_one(metrics, sync=False),
-              "reliability": {"uncalibrated": metrics.reliability(sync=False).to_dict()},
-              "dataset": dataset_name, "split": split, "n_bins": n_bins}
-    if bootstrap:
-        result["bootstrap"] = evaluation.bootstrap_settings(metrics)
-    return result

@@ -34,7 +34,6 @@ from .fitting.calibrate import FittedCalibration, TemperatureScalingFallbackWarn
 from .hub_mixin import CalibratedHubMixin
 from .model_evaluation import EVALUATION_KEYWORDS, fit_and_evaluate
 from .serialization.load_options import backbone_device
-from .serialization.load_options import load_dtype as _load_dtype  # noqa: F401  (tests import it from here)
 from .serialization.record import SavedParts
 
 #: the names importable from here: the model, and what lived here before it was split (docs/design.md §1)

@@ -24,7 +24,7 @@ from hf_calibrate.demo import (
     load_bbc_news,
     load_digits,
 )
-from hf_calibrate.demo import bbc, folders, training
+from hf_calibrate.demo import bbc, training
 from hf_calibrate.demo import models as zoo
 from hf_calibrate.demo.data import bbc_news_folder, stratified_split_indices
 
@@ -130,20 +130,6 @@ def test_cache_key_depends_on_recipe_and_code_version(monkeypatch: pytest.Monkey
     assert key != zoo.cache_key({"lr": 1e-3, "seed": 1})
     monkeypatch.setattr(zoo, "TRAINING_CODE_VERSION", zoo.TRAINING_CODE_VERSION + 1)
     assert key != zoo.cache_key({"lr": 1e-3, "seed": 0})
-
-
-def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path: Path) -> None:
-    target = tmp_path / "model-abc"
-    with folders.atomic_folder(target) as scratch:
-        (scratch / "mine.txt").write_text("mine")
-        target.mkdir()
-        (target / "theirs.txt").write_text("theirs")
-    assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
-    assert [p.name for p in target.iterdir()] == ["theirs.txt"]
-    with pytest.raises(RuntimeError), folders.atomic_folder(tmp_path / "broken") as scratch:
-        (scratch / "half.bin").write_bytes(b"0")
-        raise RuntimeError("training failed")
-    assert [p.name for p in tmp_path.iterdir()] == ["model-abc"]
 
 
 def test_seeded_restores_global_torch_state() -> None:

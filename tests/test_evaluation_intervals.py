@@ -105,13 +105,13 @@ def test_too_few_test_samples_give_no_verdict_but_their_intervals(scored):
 
 
 def test_a_plain_models_evaluation_is_the_uncalibrated_side(scored):
-    """``evaluate_base_model`` (an uncalibrated model's own metrics, as the CLI shows them) gives the points and
+    """``evaluate_plain_model`` (an uncalibrated model's own metrics, as the CLI shows them) gives the points and
     intervals of a calibrated evaluation's uncalibrated side, in the same shape."""
-    from hf_calibrate.model_evaluation import evaluate_base_model
+    from hf_calibrate.scoring import evaluate_plain_model
 
     options = dict(bootstrap=REPLICATES, seed=5, progress=False)
     calibrated = scored["model"].evaluate(scored["test"], **options)
-    plain = evaluate_base_model(scored["model"].base_model, scored["test"], n_bins=15, dataset_name="test", split=None, **options)
+    plain = evaluate_plain_model(scored["model"].base_model, scored["test"], n_bins=15, dataset_name="test", split=None, **options)
     assert set(plain) == {"uncalibrated", "reliability", "dataset", "split", "n_bins", "bootstrap"}
     assert plain["bootstrap"] == calibrated["bootstrap"]
     assert flat(plain["uncalibrated"]) == pytest.approx(flat(calibrated["uncalibrated"]), rel=1e-6, abs=1e-9)

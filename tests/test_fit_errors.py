@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedConfig, CalibratedModel
 from hf_calibrate.calibrators import TemperatureScaling

@@ -996,7 +996,7 @@ def test_fuzzed_artifacts_load_identically_or_are_refused(bed):
 
 
 def test_dtype_and_its_older_name_may_both_be_given_when_they_agree():
-    from hf_calibrate.modeling import _load_dtype
+    from hf_calibrate.serialization.load_options import load_dtype as _load_dtype
 
     assert _load_dtype(torch.float16, "float16") is torch.float16
     with pytest.raises(TypeError, match="not both"):

@@ -50,3 +50,28 @@ def test_import_after_transformers_registers_the_auto_classes():
     code = ("import transformers\nimport hf_calibrate\nfrom transformers import AutoConfig\n"
             "assert type(AutoConfig.for_model('hf_calibrate')).__name__ == 'CalibratedConfig'")
     assert "hf_calibrate" in _modules_after(code)
+
+
+def test_transformers_imported_after_hf_calibrate_knows_the_model_type():
+    """The README's order: ``import hf_calibrate`` first (nothing heavy yet), ``from transformers import pipeline``
+    later: transformers' Auto classes know ``hf_calibrate`` from that import on, without touching the package again."""
+    code = ("import sys\nimport hf_calibrate\nassert 'transformers' not in sys.modules and 'torch' not in sys.modules\n"
+            "from transformers import AutoConfig, pipeline\n"
+            "assert type(AutoConfig.for_model('hf_calibrate')).__name__ == 'CalibratedConfig'\n"
+            "import hf_calibrate.modeling as modeling\n"
+            "from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification\n"
+            "config = modeling.CalibratedConfig()\n"
+            "assert all(auto._model_mapping[type(config)] is modeling.CalibratedModel\n"
+            "           for auto in (AutoModelForImageClassification, AutoModelForSequenceClassification))")
+    assert "hf_calibrate" in _modules_after(code)
+
+
+def test_a_failed_registration_warns_and_leaves_the_users_import_alone():
+    """Registering runs inside the user's ``import transformers``: an error there is a warning, not a failed import."""
+    code = ("import warnings\nimport hf_calibrate._auto_registration as hook\n"
+            "def broken():\n    raise RuntimeError('no torch here')\n"
+            "hook.register_now = broken\nhook.register_when_transformers_loads()\n"
+            "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n"
+            "    import transformers\n"
+            "assert transformers.__version__ and any('no torch here' in str(w.message) for w in caught), caught")
+    assert "transformers" in _modules_after(code)

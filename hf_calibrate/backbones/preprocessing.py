@@ -208,7 +208,7 @@ def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], prepro
             f"The calibration holds at {format_size(size)} only: that size is recorded (input_contract in "
             "calibration_config.json) and the saved preprocessing resizes to it, so pipelines and from_pretrained "
             f"users get {format_size(size)} inputs; preprocess your own inputs to {format_size(size)} too.",
-            stacklevel=5,  # the caller of CalibratedModel.fit (via input_contract and CalibratedModel._fit)
+            stacklevel=5,  # the caller of CalibratedModel.fit (via input_contract and fitting.calibrate.fit_calibration)
         )
 
 
@@ -237,7 +237,7 @@ def contract_preprocessor(preprocessor: Any, contract: Optional[Mapping[str, Any
             f"could not make the image processor ({type(preprocessor).__name__}) produce {format_size(size[-2:])} images, "
             f"the size the model was calibrated at; it is kept as it is. Preprocess inputs to {format_size(size)} "
             "yourself, or calibrate on data this processor produces.",
-            stacklevel=4,  # the caller of CalibratedModel.fit (via CalibratedModel._fit)
+            stacklevel=4,  # the caller of CalibratedModel.fit (via fitting.calibrate.fit_calibration)
         )
     return processor
 
@@ -261,7 +261,7 @@ def evaluation_options(contract: Optional[Mapping[str, Any]], options: Mapping[s
         warnings.warn(
             f"evaluating with max_length={given}, but the model was calibrated on texts truncated to max_length={limit}: "
             f"its confidences hold for inputs preprocessed like that. Leave max_length unset to use {limit}.",
-            stacklevel=5,  # the caller of CalibratedModel.evaluate (via _evaluate and its no_grad wrapper)
+            stacklevel=5,  # the caller of CalibratedModel.evaluate (via model_evaluation.evaluate_model and accumulate; or compare's)
         )
     if limit is not None and given is None:
         options["max_length"] = limit
@@ -281,5 +281,5 @@ def _warn_if_other_size(preprocessor: Any, contract: Optional[Mapping[str, Any]]
         f"the preprocessor passed produces {format_size(produced)} images, but the model was calibrated at "
         f"{format_size(size)}: its confidences hold for inputs of that size. Leave preprocessor unset to use the "
         "model's own.",
-        stacklevel=6,  # the caller of CalibratedModel.evaluate (via evaluation_options, _evaluate and its no_grad wrapper)
+        stacklevel=6,  # the caller of CalibratedModel.evaluate (via evaluation_options, model_evaluation.evaluate_model and accumulate)
     )

@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,27 +17,6 @@ from typing import Any
 from torch import nn
 
 from ..backbones.loading import load_model_folder
-
-
-@contextlib.contextmanager
-def atomic_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``target``, renamed to ``target`` when the block succeeds.
-
-    If another process created ``target`` meanwhile, its folder is kept and ours discarded;
-    on error nothing is left behind. (:mod:`hf_calibrate._atomic` writes one file; a folder of
-    several files needs its own rename, and a lost race here is not an error.)
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        yield scratch
-        try:
-            os.rename(scratch, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class _DropMessages(logging.Filter):

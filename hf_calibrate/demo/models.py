@@ -37,7 +37,8 @@ from torch import nn
 from .bbc import train_bbc_minilm
 from .data import load_bbc_news, load_digits, stratified_subset
 from .digits import train_digits_timm_cnn, train_digits_vit
-from .folders import atomic_folder, load_zoo_folder, save_timm, save_transformers
+from .._atomic import atomic_folder
+from .folders import load_zoo_folder, save_timm, save_transformers
 from .training import TRAINING_THREADS, Trained, evaluation_metrics, fit_and_test, fit_classifier, predict_logits, seeded
 
 #: Bump when a change to the training or saving code changes what is cached.

@@ -6,11 +6,4 @@ from .engine import Engine, EngineOptions
 from .families import fit_calibrator
 from .probe import input_contract
 
-# importable from here as before, but not the package's API: the pieces of the families' fits
-from ..metrics import NonFiniteError  # noqa: F401
-from .engine import steps_per_epoch  # noqa: F401
-from .heads import FeatureStore, collect_features, fit_head  # noqa: F401
-from .neural_clamping import fit_neural_clamping, random_crop_flip_cutout  # noqa: F401
-from .probe import probe  # noqa: F401
-
 __all__ = ["Engine", "EngineOptions", "fit_calibrator", "input_contract"]

@@ -25,6 +25,7 @@ from .. import _distributed
 from .._progress import progress_bar
 from ..backbones import Backbone, Inputs
 from ..calibrators.base import check_fields, require
+from ..calibrators.holdout import holdout_split, seeded_generator
 from ..data import DEFAULT_CACHE_BYTES, CalibrationData, StreamedData
 from ..metrics._checks import check_labels
 from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
@@ -137,21 +138,14 @@ class Engine:
 
     def generator(self, *salt: int) -> torch.Generator:
         """A CPU generator seeded by the fit seed and ``salt`` (e.g. epoch, rank)."""
-        generator = torch.Generator()
-        generator.manual_seed(hash((self.options.seed, *salt)) & 0x7FFF_FFFF_FFFF_FFFF)
-        return generator
+        return seeded_generator(self.options.seed, *salt)
 
     # ------------------------------------------------------------------ batching
     def split_indices(self, count: int, holdout_fraction: float) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Seeded (fit, holdout) split of ``range(count)``; holdout is empty for fraction 0."""
-        permutation = torch.randperm(count, generator=self.generator(count, 0xC0FFEE))
-        holdout = int(round(holdout_fraction * count))
-        if holdout_fraction > 0 and (holdout < 1 or holdout >= count):
-            raise ValueError(
-                f"holdout_fraction={holdout_fraction} leaves {count - holdout} of {count} samples to fit and "
-                f"{holdout} to select on; use more calibration data or holdout_fraction=0."
-            )
-        return permutation[holdout:].sort().values, permutation[:holdout].sort().values
+        """Seeded (fit, holdout) split of ``range(count)`` (:func:`~hf_calibrate.calibrators.holdout.holdout_split`:
+        ``round(holdout_fraction · count)`` held out, Python's round half to even, e.g. 10 × 0.25 → 2; none for
+        fraction 0), the same on every process."""
+        return holdout_split(count, holdout_fraction, self.options.seed)
 
     def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0, block: Optional[int] = None) -> List[torch.Tensor]:
         """Batches of ``batch_size`` indices (seeded shuffle), the same for any number of processes (a

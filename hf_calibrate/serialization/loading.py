@@ -17,6 +17,7 @@ from safetensors.torch import load as load_safetensors
 from torch import nn
 
 from ..backbones import Backbone
+from ..backbones.loading import IMAGE_TASK, TEXT_TASK, auto_classes, load_timm_folder
 from ..calibrators import Calibrator, calibrator_class
 from .files import BASE_FOLDER, CALIBRATION_CONFIG
 from .identity import weights_fingerprint
@@ -283,15 +284,13 @@ def _build_base(root: Path, record: Dict[str, Any], hub_options: Dict[str, Any])
             return timm.create_model(f"hf-hub:{base['repo_id']}{suffix}", pretrained=True)
         if not (root / "model.safetensors").is_file():
             raise ArtifactError(f"{root / 'model.safetensors'} (the timm base weights) is missing; re-save or re-download.")
-        return timm.create_model(f"local-dir:{root}", pretrained=True)
-    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
-
-    auto = AutoModelForImageClassification if base["task"] == "image-classification" else AutoModelForSequenceClassification
+        return load_timm_folder(root)
     if base["weights"] == "reference":
         folder = _reference_snapshot(root, base, hub_options)
     else:
         folder = _base_folder(root, record["files"]["base"])
-    return auto.from_pretrained(str(folder), use_safetensors=True)
+    model_class, _ = auto_classes(base["task"])
+    return model_class.from_pretrained(str(folder), use_safetensors=True)
 
 
 def _base_folder(root: Path, name: str) -> Path:
@@ -349,11 +348,7 @@ def load_preprocessor(root: Path, record: Optional[Dict[str, Any]] = None) -> An
 
     preprocessor = None
     if (root / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        preprocessor = AutoTokenizer.from_pretrained(str(root))
+        preprocessor = auto_classes(TEXT_TASK)[1].from_pretrained(str(root))
     elif (root / "preprocessor_config.json").is_file():
-        from transformers import AutoImageProcessor
-
-        preprocessor = AutoImageProcessor.from_pretrained(str(root))
+        preprocessor = auto_classes(IMAGE_TASK)[1].from_pretrained(str(root))
     return contract_preprocessor(preprocessor, (record or {}).get("input_contract"))

@@ -72,6 +72,11 @@ def _choice(*allowed: str) -> Check:
     return lambda value: None if isinstance(value, str) and value in allowed else f"must be one of {list(allowed)}"
 
 
+def _registered_method(value: Any) -> Optional[str]:
+    """A method of the registry as it is when checked (methods registered after import count too)."""
+    return _choice(*CALIBRATORS)(value)
+
+
 def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
@@ -258,7 +263,7 @@ _LIBRARY_TASKS = {"timm": _TASKS[:1], "transformers": _TASKS[:2], "torch": _TASK
 RECORD_SCHEMA: Dict[str, Field] = {
     "format_version": Field(_integer(1, FORMAT_VERSION), 1, UPGRADE),
     "library_version": Field(_text(64)),
-    "method": Field(_choice(*CALIBRATORS), 1, UPGRADE),
+    "method": Field(_registered_method, 1, UPGRADE),
     "calibrator": Field(_mapping, 1),
     "calibrator.num_classes": Field(_integer(1, MAX_CLASSES), 1),
     "calibrator.delta_shape": Field(_int_list(4, 2**24, MAX_DELTA_ELEMENTS)),
