@@ -133,6 +133,19 @@ def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
     write_atomically(path, lambda stream: figure.savefig(stream, format="png"))
 
 
+def _diagram_bins(bins: Bins | None, probs: Any, labels: Any, *, n_bins: int, from_logits: bool) -> ReliabilityBins:
+    """Checked bins of :func:`reliability_diagram`: ``bins`` as given, or ``probs`` (N, C) and ``labels`` (N,) binned."""
+    if (bins is None) == (probs is None):
+        raise ValueError("pass either bins or probs and labels, not both and not neither.")
+    if bins is None:
+        if labels is None:
+            raise ValueError("probs needs labels: pass labels=(N,) class indices.")
+        bins = reliability_bins(probs, labels, n_bins=n_bins, from_logits=from_logits)
+    elif labels is not None:
+        raise ValueError("labels are only used with probs; bins already hold the data.")
+    return _check_bins(bins)
+
+
 def reliability_diagram(
     bins: Bins | None = None,
     *,
@@ -172,15 +185,7 @@ def reliability_diagram(
         >>> figure.axes[0].get_title().startswith("random\\nECE = ")
         True
     """
-    if (bins is None) == (probs is None):
-        raise ValueError("pass either bins or probs and labels, not both and not neither.")
-    if bins is None:
-        if labels is None:
-            raise ValueError("probs needs labels: pass labels=(N,) class indices.")
-        bins = reliability_bins(probs, labels, n_bins=n_bins, from_logits=from_logits)
-    elif labels is not None:
-        raise ValueError("labels are only used with probs; bins already hold the data.")
-    bins = _check_bins(bins)
+    bins = _diagram_bins(bins, probs, labels, n_bins=n_bins, from_logits=from_logits)
     if count_ax is not None and ax is None:
         raise ValueError("count_ax is only used together with ax.")
 

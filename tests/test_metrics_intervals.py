@@ -34,10 +34,10 @@ from hf_calibrate.metrics.functional import (
     equal_width_statistics,
     weighted_equal_mass_statistics,
 )
+from hf_calibrate.metrics.bootstrap import _THRESHOLDS
 from hf_calibrate.metrics.intervals import (
     DEFAULT_METRICS,
     DEFAULT_REPLICATES,
-    _THRESHOLDS,
     _one_shot_draws,
     index_fingerprint,
     poisson_weights,
