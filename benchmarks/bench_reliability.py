@@ -5,10 +5,10 @@ fix), *handled correctly*, *silent bad result*, *files lost*, or *unclear error*
 must be 0.
 
 * Artifacts (corrupt records and tensors, saves over a user's files, load options, a save killed
-  at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/test_reliability_artifacts.py``
+  at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/serialization/test_reliability_artifacts.py``
   run as a script classifies every case itself (``reliability_counts``).
-* Data, options, labels, input sizes: the parametrised cases of ``tests/test_reliability_inputs.py``,
-  ``tests/test_reliability_input_size.py`` and ``tests/test_distributed_faults.py`` (2 processes).
+* Data, options, labels, input sizes: the parametrised cases of ``tests/integration/test_reliability_inputs.py``,
+  ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes).
   Each test function states one expected outcome (below); a case that passes ended that way, a case that fails did not (counted as *unclear
   error*: the test's message says whether the result was silent or the error unclear).
 
@@ -60,7 +60,9 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_samples_of_different_sizes_in_one_batch_name_both_sizes": ("input size and preprocessing", REFUSED),
     "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
 }
-INPUT_TEST_FILES = ("test_reliability_inputs.py", "test_reliability_input_size.py", "test_distributed_faults.py")
+INPUT_TEST_FILES = (
+    "integration/test_reliability_inputs.py", "backbones/test_reliability_input_size.py", "fitting/test_distributed_faults.py"
+)
 DEFAULT_INPUT_GROUP = ("input size and preprocessing", HANDLED)
 
 
@@ -82,9 +84,9 @@ def input_counts() -> Dict[str, Dict[str, int]]:
 
 
 def artifact_counts(fuzz_iterations: int) -> Dict[str, Dict[str, int]]:
-    """``tests/test_reliability_artifacts.py`` as a script: every artifact case classified by itself."""
+    """``tests/serialization/test_reliability_artifacts.py`` as a script: every artifact case classified by itself."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", RELIABILITY_FUZZ_ITERATIONS=str(fuzz_iterations))
-    command = [sys.executable, str(TESTS / "test_reliability_artifacts.py")]
+    command = [sys.executable, str(TESTS / "serialization" / "test_reliability_artifacts.py")]
     result = subprocess.run(command, cwd=_report.ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout[result.stdout.index("{"):])
 
@@ -107,9 +109,9 @@ def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
         "",
         "*silent bad result*, *files lost* and *unclear error* must be 0. The groups load, save, load options, "
         "kill (a save over a user's files killed at every step) and fuzz (mutations of a valid artifact's record "
-        "and tensors) come from `tests/test_reliability_artifacts.py`, which classifies each case itself; the "
-        "others are the cases of `tests/test_reliability_inputs.py`, `tests/test_reliability_input_size.py` and "
-        "`tests/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
+        "and tensors) come from `tests/serialization/test_reliability_artifacts.py`, which classifies each case itself; the "
+        "others are the cases of `tests/integration/test_reliability_inputs.py`, `tests/backbones/test_reliability_input_size.py` and "
+        "`tests/fitting/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
         "each test stating its expected outcome.",
     ]
     return "\n".join(lines) + "\n"

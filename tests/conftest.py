@@ -13,7 +13,7 @@ Property tests (hypothesis) run under a profile chosen by ``$HYPOTHESIS_PROFILE`
   examples, so a pass or a failure reproduces; no example database is read or written.
 * ``explore``: random draws, 20× the examples, and a local example database
   (``.hypothesis/``, ignored by git). Run it to look for new counterexamples
-  (``HYPOTHESIS_PROFILE=explore python -m pytest tests/test_metrics_properties.py``);
+  (``HYPOTHESIS_PROFILE=explore python -m pytest tests/metrics/test_metrics_properties.py``);
   whatever it finds is committed as an ``@example`` of the test, so ``ci`` checks it for good.
 """
 

@@ -11,7 +11,7 @@ In one process a stream's samples get the same dataset indices, hold-out split a
 the map-style data, and pass through the model in the same batches (the engine joins or cuts
 the user's batches into its own), so every fit is the map-style fit bit for bit: the same
 float operations in the same order, on any machine. Under several processes see
-``tests/test_data_forms_distributed.py``.
+``tests/data/test_data_forms_distributed.py``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from hf_calibrate.cli import DEMO_METRICS
 from hf_calibrate.demo.command import DEMO_METHODS, demo_folder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
 _SIGNED = r"[+-]\d\.\d(?:\d{3}|e-\d\d)"  # +0.0123, or -3.2e-05 for an end too close to 0 for 4 decimals
 CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "

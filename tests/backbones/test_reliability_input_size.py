@@ -108,7 +108,7 @@ def pushed_cnns(cnns, hub_server, tmp_path_factory) -> Dict[str, Any]:
         manifest = {"inputs": str(work / "inputs.safetensors"), "outputs": str(work / "outputs.safetensors"), "repos": repos}
         (work / "manifest.json").write_text(json.dumps(manifest))
         (work / "reload.py").write_text(RELOAD_SCRIPT)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         result = subprocess.run([sys.executable, str(work / "reload.py"), str(work / "manifest.json")],
                                 env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-4000:]

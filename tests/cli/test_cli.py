@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from _files import write_image_folder
 from _results import flat, table_values
 
 from hf_calibrate.cli import main, parse_option
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ERROR_PREFIX = "hf-calibrate: error:"
 
 
@@ -47,17 +48,6 @@ def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> s
 
 
 # ----------------------------------------------------------------------------- data on disk
-
-
-def write_image_folder(root: Path, splits: Dict[str, object], class_names: Optional[List[str]] = None) -> Path:
-    """Write ``datasets`` splits with ``image``/``label`` columns as ``root/<split>/<class>/<n>.png``."""
-    for split, rows in splits.items():
-        names = class_names or rows.features["label"].names
-        for number, (image, label) in enumerate(zip(rows["image"], rows["label"])):
-            folder = root / split / names[label]
-            folder.mkdir(parents=True, exist_ok=True)
-            image.save(folder / f"{number}.png")
-    return root
 
 
 @pytest.fixture(scope="module")

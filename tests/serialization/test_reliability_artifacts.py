@@ -30,7 +30,7 @@ One more test, outside the counted groups because it needs the local hub server,
 side of the manifest: a push replaces only the previous push's files.
 
 :func:`reliability_counts` runs the groups and returns ``{group: {outcome: count}}``;
-``python tests/test_reliability_artifacts.py`` prints it as JSON (about a minute on two cores).
+``python tests/serialization/test_reliability_artifacts.py`` prints it as JSON (about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python tests/test_reliability_artifacts.py`
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tests/serialization/test_reliability_artifacts.py`
 import _tiny_models as tm  # noqa: E402
 
 from hf_calibrate import CalibratedModel  # noqa: E402

@@ -4,7 +4,7 @@ Each process reads only its own units of a stream (its shards of a ``datasets.It
 every other batch of a list, every other chunk of a sample stream), yet after the first pass every
 sample has the dataset index one process gives it, and a process's share of a global batch is the
 samples of its own units. So the global batches, the hold-out split and the shuffles are one
-process's, and only float summation order differs — what ``tests/test_distributed_fit.py``
+process's, and only float summation order differs — what ``tests/fitting/test_distributed_fit.py``
 documents: one-pass results to 1e-5, Neural Clamping's first SGD step to 1e-5 relative L2, after
 several epochs δ by relative L2 ≤ 1e-2 and the final loss and log T to 1e-5. The last form reads
 the stream again for every pass (``cache_bytes`` below the stream's size), shuffled within blocks.

@@ -1,6 +1,6 @@
 """Streamed calibration data, piece by piece (hf_calibrate.data.sources / stream, fitting.scan), with tiny models.
 
-The real-model comparisons of every form against the map-style data are in tests/test_data_forms.py;
+The real-model comparisons of every form against the map-style data are in tests/data/test_data_forms.py;
 here: the engine's block shuffle, the stream index, serving a plan, the re-read checks and every
 documented error of a stream.
 """

@@ -214,7 +214,7 @@ def test_push_evaluation_results_needs_a_card(hub_online, vit):
         push_evaluation_results(f"{hub_online.user}/does-not-exist", evaluation)
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "model_cards" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "model_cards" / "examples"
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()))

@@ -166,7 +166,7 @@ def test_kept_logits_assembles_its_data_in_dataset_order_and_ignores_other_data(
 
 
 def test_cli_fit_runs_the_base_once_and_reports_what_evaluate_reports(digits_cnn, tmp_path, capsys):
-    from test_cli import write_image_folder
+    from _files import write_image_folder
 
     from hf_calibrate.cli import main
 

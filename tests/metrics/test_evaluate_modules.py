@@ -18,7 +18,7 @@ import yaml
 
 from hf_calibrate import metrics
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULES_DIR = REPO_ROOT / "evaluate_metrics"
 
 # Folder name -> the hf_calibrate call the module must reproduce, as the module's output dict.
@@ -248,7 +248,7 @@ def test_bootstrap_from_logits_and_batches(name):
 
 @pytest.mark.parametrize("data_seed", range(4))
 def test_intervals_are_ordered_and_the_means_hold_their_point(data_seed):
-    """Only what the library guarantees (tests/test_metrics_intervals.py): low ≤ high, in [0, 1] for
+    """Only what the library guarantees (tests/metrics/test_metrics_intervals.py): low ≤ high, in [0, 1] for
     the calibration errors, whose bias-shifted interval can exclude the point; low ≤ point ≤ high
     for the means (to 1e-12 for the rounding of Σw·x/Σw)."""
     probs, labels, _ = random_probs(num_samples=120 + 60 * data_seed, num_classes=2 + data_seed, seed=data_seed)

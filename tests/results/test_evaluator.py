@@ -32,7 +32,7 @@ from hf_calibrate.evaluator import SIDES, TIME_KEYS, as_evaluation, calibration_
 
 pytestmark = pytest.mark.usefixtures("hf_home", "single_thread")  # conftest.py: single_thread, one torch thread
 
-METRICS_DIR = Path(__file__).resolve().parents[1] / "evaluate_metrics"
+METRICS_DIR = Path(__file__).resolve().parents[2] / "evaluate_metrics"
 KEYS = ("ece", "nll", "brier")
 DEFINITIONS = {"ece": metrics.expected_calibration_error, "nll": metrics.negative_log_likelihood, "brier": metrics.brier_score}
 #: pipelines give float32 softmax scores, CalibratedModel.evaluate float64 softmax of float32 logits

@@ -29,10 +29,10 @@ from hf_calibrate.calibrators import CALIBRATORS, calibrator_class, fit_inverse_
 from hf_calibrate.metrics import CalibrationMetrics, calibration_report, expected_calibration_error, negative_log_likelihood
 from hf_calibrate.serialization import weights_fingerprint
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_models import LABELS, image_data, tiny_timm  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
 ALL_METHODS = tuple(CALIBRATORS)
 #: options that make every method's fit short (only reached where a check failed to stop it)

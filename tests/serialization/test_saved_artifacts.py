@@ -1,14 +1,14 @@
 """Artifacts saved by an earlier version of the library load bit-identically (docs/artifact.md, "Version policy").
 
-``tests/artifacts/<name>/`` holds small calibrated models saved with ``save_pretrained`` by the
-commit named in ``tests/artifacts/README.md``, each beside ``expected.safetensors``: a fixed
+``tests/serialization/artifacts/<name>/`` holds small calibrated models saved with ``save_pretrained`` by the
+commit named in ``tests/serialization/artifacts/README.md``, each beside ``expected.safetensors``: a fixed
 seeded input batch (``input/<key>``) and the calibrated logits that commit computed on it
 (``logits``), on one torch thread. Loading them with today's code must give those logits exactly
 (``torch.equal``), and re-saving the loaded model must give the same record (bar the version of
 the library that wrote it) and the same tensor files.
 
 The artifacts are regenerated only when the saved format changes on purpose (a new format
-version), with ``python tests/test_saved_artifacts.py`` (see ``tests/artifacts/README.md``).
+version), with ``python tests/serialization/test_saved_artifacts.py`` (see ``tests/serialization/artifacts/README.md``).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_saved_artifact_record_round_trips(name: str, tmp_path: Path) -> None:
 
 
 def regenerate(names: Optional[list] = None) -> None:
-    """Save every case (or ``names``) into ``tests/artifacts/<name>/`` with its expected logits, replacing what is there."""
+    """Save every case (or ``names``) into ``tests/serialization/artifacts/<name>/`` with its expected logits, replacing what is there."""
     for name in names or list(CASES):
         with tm.torch_threads(1):
             model, inputs = CASES[name][0]()

@@ -103,7 +103,7 @@ def test_a_command_logged_to_a_file_writes_lines_not_redraws(digits_cnn, tmp_pat
     """``hf-calibrate fit`` with its progress bars on (the default) and stdout and stderr going to one file, as
     in CI or a batch job: no carriage return, no tqdm bar (ours, datasets' or transformers'), and only the
     command's own lines — its notes, the table and at most one line per stage."""
-    from test_cli import write_image_folder
+    from _files import write_image_folder
 
     rows = {split: digits_cnn.dataset[split].select(range(120)) for split in ("calibration", "test")}
     folder = write_image_folder(tmp_path / "digits", rows)
@@ -112,7 +112,7 @@ def test_a_command_logged_to_a_file_writes_lines_not_redraws(digits_cnn, tmp_pat
         result = subprocess.run(
             [sys.executable, "-m", "hf_calibrate.cli", "fit", "--model", str(digits_cnn.path), "--dataset", str(folder),
              "--method", "temperature", "--bootstrap", "0", "--output", str(tmp_path / "out")],
-            stdout=stream, stderr=subprocess.STDOUT, timeout=600, cwd=Path(__file__).resolve().parents[1],
+            stdout=stream, stderr=subprocess.STDOUT, timeout=600, cwd=Path(__file__).resolve().parents[2],
         )
     text = log.read_text(encoding="utf-8")
     assert result.returncode == 0, text

@@ -134,7 +134,7 @@ def pushed(bases, hub_server, tmp_path_factory) -> Dict[str, Any]:
         seen = len(hub_server.requests)
         # The fresh process gets the environment configure_client exported (HF_ENDPOINT, HF_HOME,
         # HF_HUB_CACHE, HF_TOKEN, HF_HUB_DISABLE_XET, HF_HUB_OFFLINE=0).
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         result = subprocess.run([sys.executable, str(work / "reload.py"), str(work / "manifest.json")],
                                 env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-4000:]
