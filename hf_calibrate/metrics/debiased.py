@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from ._checks import CHUNK_ELEMENTS, check_choice, check_n_bins, prepare_inputs
-from .functional import _scatter_statistics, top_label
+from .binned import _scatter_statistics, top_label
 
 Mode = Literal["top-label", "marginal"]
 MODES = ("top-label", "marginal")

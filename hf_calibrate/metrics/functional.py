@@ -22,7 +22,6 @@ import torch
 from ._checks import BINNINGS, NORMS, check_choice, check_n_bins, prepare_inputs
 from .binned import (
     Norm,
-    _scatter_statistics,  # noqa: F401  (hf_calibrate.metrics.debiased imports it from here)
     calibration_error_from_statistics,
     calibration_errors_from_statistics,
     classwise_error_from_statistics,
