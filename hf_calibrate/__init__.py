@@ -4,7 +4,7 @@ The names below are imported when first used, so ``import hf_calibrate`` (and ``
 --help``) stays quick and imports neither ``datasets``, ``evaluate`` nor ``matplotlib``.
 ``CalibratedModel`` registers itself with the transformers Auto classes as soon as transformers is
 imported (now, if it already is; else right after the user's own import of it, see
-:mod:`hf_calibrate._auto_registration`) and when first used through this package, so that
+:mod:`hf_calibrate._auto_registration`) and whenever its model module is imported, so that
 ``pipeline(task, model="user/calibrated-repo")`` loads the calibrated model;
 :func:`register_auto_classes` does it explicitly.
 """
@@ -12,6 +12,7 @@ imported (now, if it already is; else right after the user's own import of it, s
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from ._auto_registration import register_when_transformers_loads
@@ -27,23 +28,18 @@ _EXPORTS = {
     "TemperatureScalingFallbackWarning": "modeling",
     "register_auto_classes": "modeling",
 }
-_SUBPACKAGES = ("calibrators", "metrics")
-
-
-def _modeling() -> Any:
-    """:mod:`hf_calibrate.modeling`, with ``CalibratedModel`` registered with the transformers Auto classes."""
-    modeling = importlib.import_module(f"{__name__}.modeling")
-    modeling.register_auto_classes()
-    return modeling
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _modeling() if _EXPORTS[name] == "modeling" else importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-    return getattr(module, name)
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a module of the package (hf_calibrate.comparison, ...)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *__all__})
 
 
 register_when_transformers_loads()  # pipelines know calibrated repos once transformers is imported, whenever that is

@@ -181,8 +181,8 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
             items.append("For text, δ is one vector added to the word embedding of every non-padding token — an "
                          "extension of Neural Clamping (defined for images) by hf_calibrate.")
     if record["method"] == "mac_cal":
-        items.append("MaC-Cal here is a documented reconstruction from the paper's abstract: only the abstract and "
-                     "one figure caption are public.")
+        items.append("MaC-Cal here is a documented reconstruction designed from the paper's abstract and one figure "
+                     "caption; it has not yet been checked against the paper's full text.")
     return items
 
 

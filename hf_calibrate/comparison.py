@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import evaluation, model_evaluation, reporting
+from . import _auto_registration, evaluation, model_evaluation, reporting
 from ._atomic import write_text_atomically
 from .metrics import CalibrationMetrics, Interval, interval_report
 from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER
@@ -182,3 +182,6 @@ def write(result: Dict[str, Any], table: str, folder: Path) -> None:
     write_text_atomically(record, json.dumps(result, indent=2) + "\n")
     title = f"Reliability on {reporting.data_label(result['dataset'], result['split'])}"
     compare_reliability_diagrams(result["reliability"], title=title, path=diagram)
+
+
+_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -57,7 +57,7 @@ from scipy.stats import bootstrap
 from transformers import Pipeline, PreTrainedModel
 from transformers.pipelines import TASK_ALIASES
 
-from . import reporting
+from . import _auto_registration, reporting
 from ._class_ids import LabelColumn, class_names, reference_ids
 from ._warnings import warn_user
 
@@ -368,3 +368,6 @@ def as_evaluation(
                 f"{METRIC_HINT}."
             )
     return {**sides, "dataset": dataset, "split": split, "dataset_id": dataset_id, "in_sample": bool(in_sample)}
+
+
+_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from . import evaluation, reporting, scoring
+from . import _auto_registration, evaluation, reporting, scoring
 from .backbones.preprocessing import evaluation_options
 from .calibrators import calibrator_class
 from .data import prepare_data
@@ -186,3 +186,6 @@ def fit_and_evaluate(
     calibrated = CalibratedModel._from_fit(model, fitted)
     data = calibration_data if evaluation_data is None else evaluation_data
     return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
+
+
+_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -248,3 +248,6 @@ def register_auto_classes() -> None:
     AutoModelForImageClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
     AutoModelForSequenceClassification.register(CalibratedConfig, CalibratedModel, exist_ok=True)
 
+
+
+register_auto_classes()  # importing the model makes transformers' pipelines know it (idempotent)

@@ -83,6 +83,10 @@ class NoOptions:
 CALIBRATORS: Dict[str, Type["Calibrator"]] = {}
 
 
+#: what a method says about itself (model cards): not inherited from a parent method
+_METHOD_FACTS = ("title", "description", "citation", "preserves_argmax")
+
+
 class Calibrator(nn.Module):
     """Base class: subclasses implement ``forward`` and a fit (logit-space: :meth:`_fit_logits`)."""
 
@@ -101,10 +105,18 @@ class Calibrator(nn.Module):
     needs_features: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register a subclass that names its own ``method`` in :data:`CALIBRATORS`."""
+        """Register a subclass that names its own ``method`` in :data:`CALIBRATORS`.
+
+        A new method says nothing it does not say itself: what it does not set of ``title``,
+        ``description``, ``citation`` and ``preserves_argmax`` is the base's default (no text, and
+        predictions not promised unchanged), never its parent method's.
+        """
         super().__init_subclass__(**kwargs)
         if "method" not in cls.__dict__:
             return
+        for name in _METHOD_FACTS:
+            if name not in cls.__dict__:
+                setattr(cls, name, getattr(Calibrator, name))
         known = CALIBRATORS.get(cls.method)
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"method {cls.method!r} is already the method of {known.__module__}.{known.__qualname__}.")

@@ -328,3 +328,13 @@ class VariationalTwoStageHead(HeadCalibrator):
         z = mean + (0.5 * log_variance).exp() * noise
         kl = 0.5 * (mean.square() + log_variance.exp() - log_variance - 1).sum(dim=1).mean()
         return F.cross_entropy(head.classifier(z), labels) + kl / self.latent_dim
+
+
+def __getattr__(name: str) -> Any:
+    """MaC-Cal's classes, defined here before they moved to :mod:`.mac_cal` (which imports this module), still
+    found here: old imports and objects pickled by reference keep working."""
+    if name in ("MaskedClassifierHead", "_MaskedLinear"):
+        from . import mac_cal
+
+        return getattr(mac_cal, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

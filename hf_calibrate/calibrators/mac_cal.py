@@ -1,7 +1,8 @@
 """MaC-Cal: masked retraining of a linear head with an adaptive retention rate.
 
-**MaC-Cal** (Ni, Zhao, Yang, Guo, 2025; arXiv 2508.09116) — a *documented reconstruction*:
-only the abstract and one figure caption are public. A linear head initialised from the
+**MaC-Cal** (Ni, Zhao, Yang, Guo, 2025; arXiv 2508.09116) — a *documented reconstruction*
+designed from the paper's abstract and one figure caption. The full text is public on arXiv
+but has not been checked against this code yet (docs/design.md §3.4). A linear head initialised from the
 base classifier is retrained with Bernoulli masks on its weights (retention rate r,
 inverted scaling); predictions average the softmax over M fixed masks at the same r, so r
 is the knob that smooths them. After each epoch a controller moves r by the validation gap
@@ -77,7 +78,7 @@ class MaskedClassifierHead(HeadCalibrator):
         "Bernoulli masks on its weights (retention rate r). Predictions average the softmax over M fixed masks, and "
         "after each epoch r moves by the validation gap between mean confidence and accuracy: lower when "
         "over-confident, higher when under-confident (Ni, Zhao, Yang & Guo, 2025). The epoch with the lowest "
-        "validation NLL is kept. This is a reconstruction from the paper's abstract."
+        "validation NLL is kept. This is a reconstruction designed from the paper's abstract, not yet checked against its full text."
     )
     citation = (
         "@misc{ni2025maccal, title={Deep Neural Network Calibration by Reducing Classifier Shift with Stochastic "

@@ -6,5 +6,6 @@ TABLE_METRICS = ("accuracy", "ece", "ada_ece", "smooth_ece", "classwise_ece", "n
 DEMO_METRICS = ("accuracy", "ece", "ada_ece", "nll", "brier")
 #: the demo's second table: the paired change of these, with its interval and verdict
 DEMO_CHANGES = ("ece", "nll", "brier")
-#: ranking metrics of ``compare`` (those with intervals)
+#: ranking metrics of ``compare``: :data:`hf_calibrate.evaluation.INTERVAL_METRICS` (those with intervals), spelled out here
+#: so that building the parser imports no torch (tests/cli/test_startup.py checks the two agree)
 COMPARE_METRICS = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "nll", "brier")

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .. import reporting
+from .. import _auto_registration, reporting
 from .._warnings import warn_user
 from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import contract_preprocessor
@@ -207,3 +207,6 @@ def _provenance(
         "num_processes": engine.world,
         "base_fingerprint": weights_fingerprint(model),
     }
+
+
+_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -25,7 +25,7 @@ from ..data import CalibrationData
 from .engine import Engine
 from .heads import fit_head, head_facts
 from .neural_clamping import fit_neural_clamping
-from .probe import probe
+from .probing import probe
 
 #: salt of the seeded generator the initial weights (of the heads) are drawn from
 INITIAL_WEIGHTS_SALT = 0x1417

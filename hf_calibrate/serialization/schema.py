@@ -74,7 +74,10 @@ def _choice(*allowed: str) -> Check:
 
 def _registered_method(value: Any) -> Optional[str]:
     """A method of the registry as it is when checked (methods registered after import count too)."""
-    return _choice(*CALIBRATORS)(value)
+    problem = _choice(*CALIBRATORS)(value)
+    if problem is None or not isinstance(value, str):
+        return problem
+    return f"{problem} (a method defined outside hf_calibrate is known once the module defining its class is imported)"
 
 
 def _optional(check: Check) -> Check:

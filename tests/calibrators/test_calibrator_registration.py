@@ -129,3 +129,32 @@ def test_unknown_options_of_the_toy_method_are_named(toy):
     base = tm.plain_module()
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['smooth'\] for method 'toy'\. Its options: smoothing;"):
         CalibratedModel.fit(base, tm.plain_data(base), method="toy", smooth=0.5, progress=False)
+
+
+def test_a_new_method_built_on_another_says_only_what_it_sets():
+    """A subclass naming its own method inherits the fit, not the parent's card text or its promise that
+    predictions are unchanged (a shifted temperature scaling changes them)."""
+    from hf_calibrate.calibrators import TemperatureScaling
+
+    class ShiftedTemperature(TemperatureScaling):
+        method = "shifted_temperature"
+        description = "Temperature scaling plus a class bias."
+
+    try:
+        assert ShiftedTemperature.title == "" and ShiftedTemperature.citation == ""
+        assert ShiftedTemperature.description == "Temperature scaling plus a class bias."
+        assert not ShiftedTemperature.preserves_argmax
+        assert TemperatureScaling.preserves_argmax and TemperatureScaling.title == "temperature scaling"
+    finally:
+        CALIBRATORS.pop("shifted_temperature", None)
+
+
+def test_an_unknown_saved_method_names_the_fix(toy, tmp_path):
+    """A folder saved with a method defined outside hf_calibrate, loaded where that class is not defined, says so."""
+    from hf_calibrate.serialization.schema import ArtifactError
+
+    base = tm.plain_module()
+    _fitted_toy(base, tm.plain_data(base)).save_pretrained(tmp_path)
+    CALIBRATORS.pop("toy")
+    with pytest.raises(ArtifactError, match="module defining its class is imported"):
+        CalibratedModel.from_pretrained(tmp_path, base_model=base)
