@@ -53,8 +53,3 @@ METRIC_INFO: Dict[str, MetricInfo] = {info.key: info for info in METRIC_CATALOG}
 CARD_METRICS: Tuple[MetricInfo, ...] = tuple(info for info in METRIC_CATALOG if info.on_card)
 #: keys of the metrics where a larger value is better
 HIGHER_IS_BETTER = frozenset(info.key for info in METRIC_CATALOG if info.higher_is_better)
-
-
-def metric_title(key: str) -> str:
-    """The title results give the metric ``key`` (``"ECE"`` for ``"ece"``); a KeyError for an unknown key."""
-    return METRIC_INFO[key].title
