@@ -1,10 +1,12 @@
-"""The Neural Clamping fit: SGD on δ and log T only, with held-out selection.
+"""The Neural Clamping fit: the entry point, and the SGD optimiser (``optimizer="sgd"``, the authors' recipe).
+
+The default L-BFGS optimiser is :mod:`.nc_lbfgs`; :func:`fit_neural_clamping` dispatches on ``options.optimizer``.
 
 Per epoch the cost is one forward pass and one backward pass to the input over the fitting
 part — the base model is frozen with ``requires_grad_(False)``, so autograd never builds
 parameter gradients (the reference code computes and discards them).
 
-Procedure (docs/design.md §3.2):
+SGD procedure (docs/design.md §3.2):
 1. split the calibration data into a fitting part and a held-out part (``holdout_fraction``);
 2. one forward pass caches the base logits of both; T starts at the TS optimum of the
    fitting part (or at ``temperature_init``), and the held-out score (NLL by default) of that
@@ -27,12 +29,13 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
-from ..calibrators.neural_clamping import SELECT_METRICS, NeuralClamping, focal_loss
+from ..calibrators.neural_clamping import NeuralClamping, focal_loss
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, warn_if_without_minimum
-from ..data import CalibrationData, StreamedData
-from ..metrics import calibration_report, smooth_calibration_error
+from ..data import CalibrationData
 from .. import _distributed
 from .engine import Engine, steps_per_epoch
+from .nc_lbfgs_fit import fit_by_lbfgs
+from .nc_start import holdout_scores, initial_delta, require_rereadable
 
 # With epochs=None, a run takes as many epochs as give this many SGD steps.
 DEFAULT_STEPS = 500
@@ -61,18 +64,6 @@ def random_crop_flip_cutout(pixels: torch.Tensor, generator: torch.Generator) ->
         image[:, max(0, cy - pad // 2) : cy + (pad + 1) // 2, max(0, cx - pad // 2) : cx + (pad + 1) // 2] = 0
         out[i] = image
     return out
-
-
-def _holdout_scores(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -> Dict[str, float]:
-    """Every selection criterion (``SELECT_METRICS``) of calibrated ``logits``, keyed ``holdout_<metric>``.
-
-    All of them are kept in the history (a few ms per check), so that a fit shows how the
-    criteria it did not select on moved too.
-    """
-    report = calibration_report(logits, labels, n_bins=n_bins, from_logits=True)
-    scores = {metric: report[metric] for metric in SELECT_METRICS if metric != "smooth_ece"}
-    scores["smooth_ece"] = smooth_calibration_error(logits, labels, from_logits=True)
-    return {f"holdout_{metric}": scores[metric] for metric in SELECT_METRICS}
 
 
 class _Snapshot:
@@ -125,6 +116,8 @@ def _fit(
     validation: Optional[CalibrationData],
 ) -> Dict[str, Any]:
     """:func:`fit_neural_clamping` without the error translation."""
+    if options.optimizer == "lbfgs":
+        return fit_by_lbfgs(backbone, data, calibrator, options, engine, validation)
     if options.augment and backbone.modality != "image":
         raise ValueError(f"augment=True applies to images; this {backbone.modality} model takes {backbone.delta_space}.")
     grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
@@ -137,7 +130,7 @@ def _fit(
     steps = steps_per_epoch(len(fit_indices), engine.options.batch_size)
     epochs = options.epochs or max(1, math.ceil(DEFAULT_STEPS / steps))
     eval_every = options.eval_every or max(1, epochs // DEFAULT_EVALUATIONS)
-    start_delta = _initial_delta(backbone, data, fit_indices, calibrator, options, engine, start_log_t)
+    start_delta = initial_delta(backbone, data, fit_indices, calibrator, options, engine, start_log_t)
 
     history: List[Dict[str, Any]] = []
     best = _Snapshot()
@@ -156,7 +149,7 @@ def _fit(
                 }
                 if has_holdout and (epoch % eval_every == 0 or epoch == epochs):
                     logits, labels = engine.collect_logits(backbone, validation, holdout_indices, delta=delta.detach(), description="held-out check")
-                    record.update(_holdout_scores(logits * torch.exp(-log_t.detach()), labels, options.n_bins))
+                    record.update(holdout_scores(logits * torch.exp(-log_t.detach()), labels, options.n_bins))
                     best.offer(record[f"holdout_{options.select_metric}"], record, delta, log_t)
                     bar.set_postfix(loss=f"{loss:.4f}", **{options.select_metric: f"{record[f'holdout_{options.select_metric}']:.4f}"})
                 history.append(record)
@@ -164,7 +157,7 @@ def _fit(
                 best.offer(-math.inf, record, delta, log_t)
 
     summary: Dict[str, Any] = {
-        "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
+        "optimizer": "sgd", "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
         "steps_per_epoch": steps, "temperature_scaling": {"temperature": 1.0 / beta}, "history": history,
     }
     return _keep_best_or_fall_back(calibrator, best, start, options, summary)
@@ -253,7 +246,7 @@ class _Start:
 def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: NeuralClamping.Options, engine: Engine) -> _Start:
     """One pass of the base model over the calibration data (and the validation data): the split, the TS start, the baseline."""
     device = engine.device
-    _require_rereadable(data, validation)
+    require_rereadable(data, validation)
     all_logits, all_labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
     if validation is None:
         fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
@@ -270,22 +263,11 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
                                 CALIBRATION_DATA_FIX)
     fallback_log_t, baseline_scores = torch.tensor(-math.log(beta), device=device), None
     if len(holdout_indices) > 0:
-        baseline_scores = _holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
+        baseline_scores = holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
             all_beta, _ = fit_inverse_temperature(all_logits, all_labels)
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
     return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores)
-
-
-def _require_rereadable(*sources: Optional[CalibrationData]) -> None:
-    """Refuse a one-shot stream: Neural Clamping reads its data once per epoch and once per held-out check."""
-    for source in sources:
-        if isinstance(source, StreamedData) and not source.reiterable:
-            raise ValueError(
-                f"Neural Clamping reads its data once per epoch, but these data ({source.description}) can be read only "
-                "once: a generator or other iterator. Pass a callable that returns a new iterator each time it is called (e.g. "
-                "lambda: make_batches()), or a re-iterable: a list of batches, a DataLoader, an IterableDataset."
-            )
 
 
 def _start_log_temperature(options: NeuralClamping.Options, ts_log_t: torch.Tensor) -> torch.Tensor:
@@ -293,30 +275,3 @@ def _start_log_temperature(options: NeuralClamping.Options, ts_log_t: torch.Tens
     if isinstance(options.temperature_init, str):
         return ts_log_t
     return torch.full_like(ts_log_t, math.log(options.temperature_init))
-
-
-def _initial_delta(
-    backbone: Backbone,
-    data: CalibrationData,
-    fit_indices: torch.Tensor,
-    calibrator: NeuralClamping,
-    options: NeuralClamping.Options,
-    engine: Engine,
-    log_t: torch.Tensor,
-) -> torch.Tensor:
-    """δ's starting point: zeros, N(0, scale²), or the mean gradient of Σ_k f_k(x + δ)/T at δ = 0."""
-    shape = calibrator.delta.shape
-    if options.delta_init == "zero":
-        return torch.zeros(shape, device=engine.device)
-    if options.delta_init == "random":
-        return (torch.randn(shape, generator=engine.generator(0x5EED)) * options.delta_init_scale).to(engine.device)
-    delta = torch.zeros(shape, device=engine.device, requires_grad=True)
-    global_batches = engine.global_batches(fit_indices, shuffle=False)
-    for _, micro_batches in engine.batches(data, global_batches):
-        for _, inputs, _ in micro_batches:
-            with engine.autocast():
-                logits = backbone.logits(inputs, delta)
-            (logits.float().sum() * torch.exp(-log_t) / len(fit_indices)).backward()
-        engine.sync_faults()
-    grad = delta.grad if delta.grad is not None else torch.zeros_like(delta)
-    return _distributed.all_reduce_sum_(grad.detach().clone())

@@ -1,0 +1,236 @@
+"""The L-BFGS Neural Clamping fit end to end: plan the held-out data, cross-fit, choose, refit or fall back.
+
+The pieces (folds, runs, the lockstep rounds) are :mod:`.nc_lbfgs`; the procedure is described there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..backbones import Backbone
+from ..calibrators.neural_clamping import NeuralClamping
+from ..calibrators.temperature import CALIBRATION_DATA_FIX, warn_if_without_minimum
+from ..data import CalibrationData
+from . import stepwise_lbfgs
+from .engine import Engine
+from .nc_lbfgs import Objective, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds, ts_log_temperature
+from .nc_start import holdout_scores, initial_delta, require_rereadable
+
+#: z of the two-sided 95 % normal interval of the pooled paired difference
+Z95 = 1.959963984540054
+
+
+@dataclasses.dataclass
+class Part:
+    """One run's rows: fitted on ``train`` of the calibration data, scored on ``held`` of ``held_data``."""
+
+    train: torch.Tensor
+    held: torch.Tensor
+    held_data: CalibrationData
+    held_logits: torch.Tensor  # base logits of the held rows
+    held_labels: torch.Tensor
+
+
+@dataclasses.dataclass
+class Choice:
+    """The best (γ, λ, iteration) of the cross-fit, its pooled held-out logits and, for one held part, its θ."""
+
+    score: float = math.inf
+    gamma: float = 0.0
+    weight: float = 0.0
+    iteration: int = 0
+    pooled: Optional[torch.Tensor] = None
+    theta: Optional[torch.Tensor] = None
+    record: Optional[Dict[str, Any]] = None
+
+
+class Fit:
+    """State shared by the steps of one fit: the model, data, options, engine, δ's shape and the evaluation count."""
+
+    def __init__(self, backbone: Backbone, data: CalibrationData, calibrator: NeuralClamping,
+                 options: NeuralClamping.Options, engine: Engine, bar: Any) -> None:
+        self.backbone, self.data, self.calibrator, self.options, self.engine, self.bar = backbone, data, calibrator, options, engine, bar
+        self.shape = tuple(calibrator.delta.shape)
+        self.evaluations = 0
+
+    def counted(self) -> None:
+        self.evaluations += 1
+        self.bar.update(1)
+
+    def objective(self, train: torch.Tensor, gamma: float, weight: float) -> Objective:
+        return Objective(self.backbone, self.data, train, self.shape, gamma, weight, self.engine, self.counted)
+
+    def start_theta(self, train: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """θ₀ of a run on ``train``: δ's starting point and log T of TS on those rows."""
+        log_t = torch.tensor(ts_log_temperature(logits[train], labels[train]), device=self.engine.device)
+        delta = initial_delta(self.backbone, self.data, train, self.calibrator, self.options, self.engine, log_t)
+        return join_theta(delta, log_t)
+
+    def run(self, part: Part, gamma: float, weight: float, logits: torch.Tensor, labels: torch.Tensor, keep_snapshots: bool) -> Tuple[Run, Objective]:
+        """A started run on ``part`` (one evaluation at θ₀), scored once at θ₀."""
+        objective = self.objective(part.train, gamma, weight)
+        state = stepwise_lbfgs.start(self.start_theta(part.train, logits, labels), objective)
+        run = Run(part.train, part.held, part.held_data, self.shape, state, keep_snapshots)
+        if len(part.held) and self.options.delta_init == "zero":  # θ₀ = (0, log T): the cached base logits / T
+            run.scored.append(part.held_logits * math.exp(-float(state.theta[-1])))
+        elif len(part.held):
+            run.scored.append(score_run(run, self.backbone, self.engine))
+        run.record_state()
+        return run, objective
+
+
+def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralClamping, options: NeuralClamping.Options,
+                 engine: Engine, validation: Optional[CalibrationData] = None) -> Dict[str, Any]:
+    """Fit ``calibrator`` (δ, log T) in place by cross-fitted L-BFGS; return the fit summary."""
+    require_rereadable(data, validation)
+    logits, labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
+    if engine.is_main:
+        warn_if_without_minimum(math.exp(-ts_log_temperature(logits, labels)), logits, labels,
+                                "the base model's logits over the calibration data", CALIBRATION_DATA_FIX)
+    folds = resolved_folds(options, len(data), validation is not None)
+    parts = _parts(backbone, data, validation, logits, labels, folds, options, engine)
+    grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
+    if len(grid) > 1 and not len(parts[0].held):
+        raise ValueError("selecting among several gamma/delta_weight values needs held-out data: folds > 1, "
+                         "holdout_fraction > 0 or validation_data.")
+    runs_per_point = len(parts) * options.max_iterations
+    with engine.progress(len(grid) * runs_per_point + options.max_iterations, "Neural Clamping (L-BFGS)") as bar:
+        fit = Fit(backbone, data, calibrator, options, engine, bar)
+        if not len(parts[0].held):
+            return _fit_without_selection(fit, parts[0], logits, labels)
+        return _cross_fit_and_choose(fit, parts, grid, logits, labels, folds)
+
+
+def _parts(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], logits: torch.Tensor,
+           labels: torch.Tensor, folds: int, options: NeuralClamping.Options, engine: Engine) -> List[Part]:
+    """The runs' rows: one per fold, one held-out part, the validation data, or all rows and nothing held out."""
+    if validation is not None:
+        held_logits, held_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
+        return [Part(torch.arange(len(data)), torch.arange(len(validation)), validation, held_logits, held_labels)]
+    if folds == 1:
+        train, held = engine.split_indices(len(data), options.holdout_fraction)
+        return [Part(train, held, data, logits[held.to(logits.device)], labels[held.to(labels.device)])]
+    assignment = stratified_folds(labels, folds, engine.options.seed)
+    parts = []
+    for fold in range(folds):
+        held = torch.nonzero(assignment == fold).flatten()
+        train = torch.nonzero(assignment != fold).flatten()
+        parts.append(Part(train, held, data, logits[held.to(logits.device)], labels[held.to(labels.device)]))
+    return parts
+
+
+def _fit_without_selection(fit: Fit, part: Part, logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
+    """Nothing held out: L-BFGS on all rows until it converges or reaches ``max_iterations``; the last state is kept."""
+    gamma, weight = fit.options.gamma[0], fit.options.delta_weight[0]
+    run, objective = fit.run(part, gamma, weight, logits, labels, keep_snapshots=False)
+    iterations = _iterate(run, objective, fit.options.max_iterations)
+    _set_calibrator(fit.calibrator, run.state.theta, fit.shape)
+    summary = _summary(fit, folds=1, fit_samples=len(part.train), holdout_samples=0, logits=logits, labels=labels)
+    summary["selected"] = _state_record(run.state, fit.shape, gamma, weight, iterations)
+    summary["iterations"] = iterations
+    return summary
+
+
+def _iterate(run: Run, objective: Objective, iterations: int) -> int:
+    """Up to ``iterations`` L-BFGS iterations of ``run``; the number taken (fewer once it converges)."""
+    taken = 0
+    while taken < iterations and stepwise_lbfgs.iterate(run.state, objective):
+        taken += 1
+    return taken
+
+
+def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[Tuple[float, float]], logits: torch.Tensor,
+                          labels: torch.Tensor, folds: int) -> Dict[str, Any]:
+    """Cross-fit every grid point, pick the best (γ, λ, iteration) against TS, then refit, keep or fall back."""
+    options, metric = fit.options, f"holdout_{fit.options.select_metric}"
+    held_labels = torch.cat([part.held_labels for part in parts])
+    baseline_logits = torch.cat([part.held_logits * math.exp(-ts_log_temperature(logits[part.train], labels[part.train])) for part in parts])
+    baseline = holdout_scores(baseline_logits, held_labels, options.n_bins)
+    history: List[Dict[str, Any]] = []
+    choice = Choice(score=baseline[metric])
+    for gamma, weight in grid:
+        pairs = [fit.run(part, gamma, weight, logits, labels, keep_snapshots=folds == 1) for part in parts]
+        runs = [run for run, _ in pairs]
+        curve = lockstep(runs, [objective for _, objective in pairs], fit.backbone, fit.engine, options,
+                         lambda pooled: holdout_scores(torch.cat(pooled), held_labels, options.n_bins)[metric])
+        for iteration, score in enumerate(curve):
+            record = _round_record(runs, iteration, gamma, weight, held_labels, fit)
+            history.append(record)
+            if iteration > 0 and score < choice.score:
+                choice = Choice(score, gamma, weight, iteration, torch.cat([run.scored[iteration] for run in runs]),
+                                runs[0].snapshots[iteration] if folds == 1 else None, record)
+    summary = _summary(fit, folds, len(parts[0].train) if folds == 1 else len(labels), len(held_labels), logits, labels)
+    summary.update(history=history, selection=_paired_difference(choice, baseline_logits, held_labels))
+    summary["temperature_scaling"].update(baseline)
+    return _apply_choice(fit, choice, parts, logits, labels, folds, summary)
+
+
+def _apply_choice(fit: Fit, choice: Choice, parts: List[Part], logits: torch.Tensor, labels: torch.Tensor, folds: int,
+                  summary: Dict[str, Any]) -> Dict[str, Any]:
+    """Set the calibrator: TS on all rows (fallback), the chosen run's θ (one held part), or a refit on all rows."""
+    fell_back = choice.pooled is None
+    if fell_back:
+        theta = join_theta(torch.zeros(fit.shape), torch.tensor(summary["temperature_scaling"]["fallback_log_temperature"]))
+        iterations = 0
+    elif folds == 1:
+        theta, iterations = choice.theta, choice.iteration
+    else:
+        everything = Part(torch.arange(len(labels)), torch.empty(0, dtype=torch.long), fit.data, logits[:0], labels[:0])
+        run, objective = fit.run(everything, choice.gamma, choice.weight, logits, labels, keep_snapshots=False)
+        iterations = _iterate(run, objective, choice.iteration)
+        theta = run.state.theta
+    _set_calibrator(fit.calibrator, theta, fit.shape)
+    summary["fell_back_to_temperature_scaling"] = fell_back
+    summary["selected"] = {"fallback": "temperature_scaling"} if fell_back else dict(
+        choice.record, refit_iterations=iterations, delta_norm=float(theta[:-1].norm()), temperature=math.exp(float(theta[-1])))
+    summary["iterations"] = iterations
+    summary["evaluations"] = fit.evaluations
+    return summary
+
+
+def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
+    """The pooled held-out NLL of the choice minus TS's, per sample, with its 95 % normal interval (None: no choice)."""
+    if choice.pooled is None:
+        return {"nll_difference": None}
+    ce = torch.nn.functional.cross_entropy
+    differences = ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
+    point = float(differences.mean())
+    half = Z95 * float(differences.std()) / math.sqrt(len(differences)) if len(differences) > 1 else math.inf
+    return {"nll_difference": {"point": point, "low": point - half, "high": point + half}}
+
+
+def _round_record(runs: List[Run], iteration: int, gamma: float, weight: float, held_labels: torch.Tensor, fit: Fit) -> Dict[str, Any]:
+    """One history entry: the grid point, the iteration, the runs' mean ‖δ‖ and T, and every pooled held-out score."""
+    traces = [run.trace[iteration] for run in runs]
+    record: Dict[str, Any] = {"gamma": gamma, "delta_weight": weight, "iteration": iteration,
+                              "delta_norm": sum(norm for norm, _ in traces) / len(runs),
+                              "temperature": sum(temperature for _, temperature in traces) / len(runs)}
+    pooled = torch.cat([run.scored[iteration] for run in runs])
+    record.update(holdout_scores(pooled, held_labels, fit.options.n_bins))
+    return record
+
+
+def _state_record(state: stepwise_lbfgs.LbfgsState, shape: Tuple[int, ...], gamma: float, weight: float, iteration: int) -> Dict[str, Any]:
+    return {"gamma": gamma, "delta_weight": weight, "iteration": iteration, "loss": state.value,
+            "delta_norm": float(state.theta[:-1].norm()), "temperature": math.exp(float(state.theta[-1]))}
+
+
+def _summary(fit: Fit, folds: int, fit_samples: int, holdout_samples: int, logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
+    """The summary's common part: optimiser, plan, schedule and the temperature-scaling fallback."""
+    log_t = ts_log_temperature(logits, labels)
+    return {
+        "optimizer": "lbfgs", "folds": folds, "fit_samples": fit_samples, "holdout_samples": holdout_samples,
+        "max_iterations": fit.options.max_iterations, "patience": fit.options.patience,
+        "temperature_scaling": {"temperature": math.exp(log_t), "fallback_temperature": math.exp(log_t), "fallback_log_temperature": log_t},
+        "evaluations": fit.evaluations,
+    }
+
+
+def _set_calibrator(calibrator: NeuralClamping, theta: torch.Tensor, shape: Tuple[int, ...]) -> None:
+    with torch.no_grad():
+        calibrator.delta.copy_(theta[:-1].reshape(shape).to(calibrator.delta))
+        calibrator.log_temperature.copy_(theta[-1].to(calibrator.log_temperature))
