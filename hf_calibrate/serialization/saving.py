@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set
 
@@ -454,3 +455,16 @@ def _write_files(
     diagram = cards.write_diagram(staging, reliability) if reliability else None
     cards.render_card(record, repo_id=repo_id, diagram=diagram).save(staging / CARD_FILE)
     _step(f"staged {CARD_FILE}")
+    _give_new_file_mode(staging)
+
+
+def _give_new_file_mode(staging: Path) -> None:
+    """Give every staged file the mode the umask gives a new file (safetensors writes its files 0600)."""
+    probe = staging / ".hf_calibrate-mode-probe"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.unlink()
+    for relative in list_files(staging):
+        path = staging / relative
+        if not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            os.chmod(path, mode)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -248,6 +249,20 @@ def test_a_format_one_folder_re_saved_in_place_keeps_what_is_rewritten_identical
     assert record["format_version"] == 2 and "preprocessor_config.json" in record["files"]["manifest"]
     assert (target / "notes.txt").read_text() == "my notes"
     assert CalibratedModel.from_pretrained(target).method == "temperature"
+
+
+def test_saved_files_get_the_umask_mode(models, tmp_path):
+    """Every file of a save, the safetensors ones included (safetensors writes 0600), gets the mode the umask gives
+    a new file, whatever the umask."""
+    previous = os.umask(0o027)
+    try:
+        models["first"].save_pretrained(tmp_path / "model")
+    finally:
+        os.umask(previous)
+    files = [path for path in (tmp_path / "model").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".safetensors" for path in files)
+    modes = {str(path.relative_to(tmp_path)): oct(stat.S_IMODE(path.stat().st_mode)) for path in files}
+    assert set(modes.values()) == {oct(0o640)}, modes
 
 
 def test_saving_onto_a_file_is_refused(models, tmp_path):
