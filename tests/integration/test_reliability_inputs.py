@@ -198,6 +198,12 @@ BAD_FIT_OPTIONS = [
     ("mac_cal", {"controller_gain": "1"}, "controller_gain"),
     ("mac_cal", {"initial_retention": "0.9"}, "initial_retention"),
     ("mac_cal", {"init_from_base": "no"}, "init_from_base"),
+    ("neural_clamping", {"lr": 1e308}, "lr"),  # issue 31: passed the check, then overflowed in torch
+    ("neural_clamping", {"gamma": [1.0, 1e300]}, "gamma"),
+    ("neural_clamping", {"delta_init_scale": 1e300}, "delta_init_scale"),
+    ("tst", {"lr": 1e308}, "lr"),
+    ("matrix", {"l2": 1e300}, "l2"),
+    ("mac_cal", {"controller_gain": -1e300}, "controller_gain"),
 ]
 
 
