@@ -236,8 +236,12 @@ def _verdicts_follow(evaluation: Any) -> bool:
     differences = evaluation.get("difference") or {}
     for name, said in evaluation["verdicts"].items():
         interval = differences.get(name)
-        if not isinstance(interval, dict) or None in (interval.get("low"), interval.get("high")):
+        if not isinstance(interval, dict):
             return False
+        if None in (interval.get("low"), interval.get("high")):  # no interval (too few samples): nothing detected
+            if said != VERDICTS[2]:
+                return False
+            continue
         bounds = Interval(interval["point"], interval["low"], interval["high"], interval["confidence"], 0, 0)
         if said not in (verdict(bounds, name not in HIGHER_IS_BETTER), VERDICTS[2]):
             return False
