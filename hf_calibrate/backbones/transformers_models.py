@@ -157,7 +157,23 @@ class TransformersTextBackbone(_TransformersBackbone):
             return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         return (input_ids != pad_id).to(torch.float32)
 
+    def check_token_ids(self, inputs: Inputs) -> None:
+        """Refuse ``input_ids`` outside the model's vocabulary (the embedding would fail with a bare IndexError)."""
+        ids = inputs.get(self.input_key)
+        if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
+            return
+        vocabulary = int(self.model.get_input_embeddings().num_embeddings)
+        low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())
+        if low < 0 or high >= vocabulary:
+            raise ValueError(
+                f"input_ids holds token id {low if low < 0 else high}, outside this model's vocabulary of {vocabulary} "
+                f"tokens (ids 0 to {vocabulary - 1}); the texts were tokenized with another tokenizer, or the ids were "
+                "changed. Tokenize them with the model's own tokenizer (or pass the raw texts with preprocessor=<its "
+                "tokenizer>)."
+            )
+
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
+        self.check_token_ids(inputs)
         if delta is None:
             return self._run(inputs)
         if inputs.get("inputs_embeds") is not None:

@@ -82,8 +82,6 @@ class CachedItems(Dataset):
 
 def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
     """A ``datasets.Dataset`` whose labels are matched to the model's and whose rows become model inputs."""
-    if len(data) == 0:
-        raise ValueError("the calibration dataset is empty.")
     columns = list(data.column_names)
     data = align_labels(data, label_column(columns, options), backbone)
     to_item, preprocessed_here = row_converter(columns, backbone, options)

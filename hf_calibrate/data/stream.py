@@ -102,10 +102,7 @@ class StreamedData:
 
     def first_inputs(self) -> Inputs:
         """The model inputs of the stream's first sample, as a batch of one."""
-        try:
-            first = self.source.first()
-        except StopIteration:
-            raise ValueError(f"{self.description} holds no samples: at least one labelled sample is needed.") from None
+        first = self.source.first()
         inputs, _ = self.to_batch([first] if self.source.of_samples else first)
         return {key: value[:1] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
 

@@ -82,44 +82,42 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int], number: Optional[int]) -> Inputs:
+def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int]) -> Inputs:
     """Note floating inputs holding NaN or ±inf (integer token ids and masks are skipped); return them neutralised.
 
-    ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
+    ``positions`` are the dataset indices of the micro-batch's rows.
     """
     checked = dict(inputs)
     for key, value in inputs.items():
         rows = nonfinite_rows(value) if isinstance(value, torch.Tensor) else []
         if rows:
-            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key, number), [positions[row] for row in rows])
+            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key), [positions[row] for row in rows])
             checked[key] = neutralise(value)
     return checked
 
 
-def _where(number: Optional[int]) -> str:
-    """Where bad samples are: positions in the data, and the global batch of a pass over indexed data (None: a
-    stream's first pass, whose batches are each process's own)."""
-    return "positions in that data" + (f"; batch {number}" if number is not None else "")
+#: where bad samples are: their positions in the user's data (never the fit's own batches, which the user never saw)
+_WHERE = "positions in that data, counted from 0 in the order the data give them"
 
 
-def nonfinite_inputs_message(data: CalibrationData, key: str, number: Optional[int]) -> str:
+def nonfinite_inputs_message(data: CalibrationData, key: str) -> str:
     return (
         f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {data.description} "
-        f"({_where(number)}). Calibrating or evaluating on them would give wrong "
+        f"({_WHERE}). Calibrating or evaluating on them would give wrong "
         "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
     )
 
 
-def nonfinite_outputs_message(data: CalibrationData, number: Optional[int], what: str) -> str:
+def nonfinite_outputs_message(data: CalibrationData, what: str) -> str:
     source = "the calibrated model" if what.startswith("calibrated") else "the base model"
     return (
         f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {data.description} "
-        f"({_where(number)}), although their inputs are finite. "
+        f"({_WHERE}), although their inputs are finite. "
         "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
     )
 
 
-def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, number: Optional[int], what: str) -> None:
+def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, what: str) -> None:
     """Raise :class:`NonFiniteError` when gathered model outputs (``what``: logits, features) hold NaN or ±inf.
 
     ``rows`` are the same on every process (gathered), so every process raises alike.
@@ -127,12 +125,12 @@ def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: t
     bad = nonfinite_rows(rows)
     if bad:
         samples = describe_positions(positions.cpu()[bad].tolist())
-        raise NonFiniteError(nonfinite_outputs_message(data, number, what).replace(SAMPLES, samples))
+        raise NonFiniteError(nonfinite_outputs_message(data, what).replace(SAMPLES, samples))
 
 
-def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: torch.Tensor, positions: Sequence[int], number: int, what: str) -> bool:
+def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: torch.Tensor, positions: Sequence[int], what: str) -> bool:
     """Note one process's model outputs holding NaN or ±inf; True when there were some."""
     bad = nonfinite_rows(rows)
     if bad:
-        ledger.note(NonFiniteError, nonfinite_outputs_message(data, number, what), [positions[row] for row in bad])
+        ledger.note(NonFiniteError, nonfinite_outputs_message(data, what), [positions[row] for row in bad])
     return bool(bad)
