@@ -313,7 +313,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "evaluation": Field(_optional(_mapping)),
     "evaluation.dataset": Field(_text(1024)),
     "evaluation.split": Field(_optional(_text(256))),
-    "evaluation.in_sample": Field(_boolean, since=2),
+    "evaluation.in_sample": Field(_optional(_boolean), since=2),
     "evaluation.calibration_dataset": Field(_optional(_text(1024)), since=2),
     "evaluation.calibration_split": Field(_optional(_text(256)), since=2),
     "evaluation.reliability": Field(_optional(_reliability)),
