@@ -475,6 +475,19 @@ def save_keeps_folder_mode(bed: Bed) -> Tuple[str, str]:
     return HANDLED, "modes kept"
 
 
+def saved_files_get_the_umask_mode(bed: Bed) -> Tuple[str, str]:
+    """Every saved file, the .safetensors ones included (safetensors writes 0600), gets the umask's new-file mode."""
+    folder = bed.scratch("file-modes") / "model"
+    previous = os.umask(0o027)
+    try:
+        bed.model("vit").save_pretrained(folder)
+    finally:
+        os.umask(previous)
+    modes = {str(path.relative_to(folder)): oct(stat.S_IMODE(path.stat().st_mode)) for path in folder.rglob("*") if path.is_file()}
+    odd = {name: mode for name, mode in modes.items() if mode != oct(0o640)}
+    return (SILENT, f"modes other than the umask's 0o640: {odd}") if odd else (HANDLED, "every file 0o640 under umask 027")
+
+
 def vit_over_bert_preprocessor(bed: Bed) -> Tuple[str, str]:
     """After a ViT artifact is saved over a BERT one, the reloaded preprocessor is the ViT's image processor."""
     folder = bed.copy("bert", bed.scratch("vit-over-bert") / "model")
@@ -595,6 +608,7 @@ SAVE_CASES: List[Case] = [
     Case("ViT over BERT keeps the user's files", lambda bed: save_over_with_user_files(bed, "bert", "vit")),
     Case("BERT over ViT keeps the user's files", lambda bed: save_over_with_user_files(bed, "vit", "bert")),
     Case("folder mode kept; new folder gets the umask default", save_keeps_folder_mode),
+    Case("saved files, safetensors included, get the umask's file mode", saved_files_get_the_umask_mode),
     Case("ViT over BERT: no stale tokenizer", vit_over_bert_preprocessor),
     Case("format-1 folder with unproven tokenizer files: save refused, nothing deleted", save_over_format_one, REFUSED),
     Case("format-1 artifact loaded unverified and re-saved in place", format_one_resaved_in_place),
