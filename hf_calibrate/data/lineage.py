@@ -55,32 +55,35 @@ def holds_rows_of(data: Any, fitted: Iterable[Any]) -> Optional[bool]:
 
 def shares_rows(first: RowPlaces, second: RowPlaces) -> bool:
     """Whether two sets of row places hold a row in common."""
-    return any(address in second and np.intersect1d(rows, second[address], assume_unique=True).size
+    return any(address in second and np.intersect1d(rows, second[address]).size
                for address, rows in first.items())
 
 
 def _dataset_places(dataset: Any) -> RowPlaces:
-    """The places of the rows of a ``datasets.Dataset``, through its index mapping when it has one."""
+    """The places of the rows of a ``datasets.Dataset`` in every column, through its index mapping when it has one
+    (every column: a dataset with a column removed or added still shares the others' memory)."""
     table = dataset.data.table
-    if table.num_columns == 0 or table.num_rows == 0:
-        return {}
-    column = table.column(0)
-    bounds = np.cumsum([0, *(len(chunk) for chunk in column.chunks)])
     indices = getattr(dataset, "_indices", None)
     physical = np.arange(table.num_rows) if indices is None else np.asarray(indices.column(0).to_numpy(), dtype=np.int64)
+    return _union(_column_places(column, physical) for column in table.columns)
+
+
+def _column_places(column: Any, physical: np.ndarray) -> RowPlaces:
+    """The places of rows ``physical`` (positions in the table) of one chunked column."""
+    bounds = np.cumsum([0, *(len(chunk) for chunk in column.chunks)])
     chunk_of = np.searchsorted(bounds, physical, side="right") - 1
     places: RowPlaces = {}
     for number in np.unique(chunk_of):
         chunk = column.chunk(int(number))
-        positions = chunk.offset + physical[chunk_of == number] - bounds[number]
         address = _memory_address(chunk)
-        places[address] = np.union1d(places.get(address, np.empty(0, dtype=np.int64)), positions)
+        if address:
+            places[address] = chunk.offset + physical[chunk_of == number] - bounds[number]
     return places
 
 
 def _memory_address(array: Any) -> int:
-    """The address of the first buffer of an Arrow array: the same for every slice of the same array."""
-    return next(buffer.address for buffer in array.buffers() if buffer is not None)
+    """The address of the first buffer of an Arrow array, the same for every slice of it (0: it has no buffer)."""
+    return next((buffer.address for buffer in array.buffers() if buffer is not None), 0)
 
 
 def _source_shards(data: Any) -> Optional[list]:

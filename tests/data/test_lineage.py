@@ -34,6 +34,8 @@ DERIVED = {
     "shuffle(seed=3)": lambda cal: cal.shuffle(seed=3),
     "filter": lambda cal: cal.filter(lambda row: row["labels"] == 1),
     "with_format('torch')": lambda cal: cal.with_format("torch"),
+    "rename_column": lambda cal: cal.rename_column("input", "inputs"),
+    "select of repeated rows": lambda cal: cal.select([7, 7, 7]),
     "to_iterable_dataset()": lambda cal: cal.to_iterable_dataset(),
     "to_iterable_dataset(num_shards=4).shuffle": lambda cal: cal.to_iterable_dataset(num_shards=4).shuffle(seed=1, buffer_size=8),
 }
