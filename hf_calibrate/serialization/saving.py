@@ -37,7 +37,6 @@ from .schema import (
     ArtifactError,
     _json_default,
     _path_list,
-    path_problem,
     record_digest,
     seal_record,
     validate_record,
