@@ -957,6 +957,15 @@ class FuzzBed:
 # ----------------------------------------------------------------------------- counting
 
 
+def _outcome(case: Any, bed: Bed) -> str:
+    """The outcome of a save or option case; an exception the case did not expect is an *unclear error*, counted
+    rather than stopping the count."""
+    try:
+        return case.run(bed)[0]
+    except Exception:  # noqa: BLE001 - any exception a case does not classify is the defect
+        return UNCLEAR
+
+
 def reliability_counts(root: Optional[Path] = None, *, fuzz_iterations: int = FUZZ_MUTATIONS, seed: int = 0) -> Dict[str, Dict[str, int]]:
     """Run every case of every group; return ``{group: {outcome: count}}`` (all :data:`OUTCOMES` present).
 
@@ -968,8 +977,8 @@ def reliability_counts(root: Optional[Path] = None, *, fuzz_iterations: int = FU
         bed = Bed(root)
         counts: Dict[str, collections.Counter] = {
             "load": collections.Counter(run_load_case(bed, case)[0] for case in LOAD_CASES),
-            "save": collections.Counter(case.run(bed)[0] for case in SAVE_CASES),
-            "load options": collections.Counter(case.run(bed)[0] for case in OPTION_CASES),
+            "save": collections.Counter(_outcome(case, bed) for case in SAVE_CASES),
+            "load options": collections.Counter(_outcome(case, bed) for case in OPTION_CASES),
             "kill": collections.Counter(check_after_kill(bed, folder, before)[0] for _, folder, before, _ in kill_jobs(bed)),
         }
         fuzz, chooser = FuzzBed(bed), Chooser(seed)
