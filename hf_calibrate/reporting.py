@@ -199,7 +199,10 @@ def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[st
 
 
 def interval_text(interval: Optional[Mapping[str, Any]], *, signed: bool = False) -> str:
-    """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``), ``""`` for None."""
+    """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``); ``"(no interval)"`` when it
+    says why it has none (too few samples or replicates), ``""`` for None or ends that are missing for another reason."""
+    if interval and interval.get("reason"):
+        return "(no interval)"
     if not interval or interval.get("low") is None or interval.get("high") is None:
         return ""
     return f"[{_endpoint(interval['low'], signed)}, {_endpoint(interval['high'], signed)}]"
