@@ -368,6 +368,9 @@ LOAD_CASES: List[LoadCase] = [
     LoadCase("verdict contradicts its interval", "plain", "'evaluation.verdicts'", several(
         set_key("evaluation.difference.ece.low", 0.01), set_key("evaluation.difference.ece.high", 0.02),
         set_key("evaluation.verdicts.ece", "improved"))),
+    LoadCase("a verdict over an absent interval", "plain", "'evaluation.verdicts'", several(
+        set_key("evaluation.difference.ece.low", None), set_key("evaluation.difference.ece.high", None),
+        set_key("evaluation.verdicts.ece", "improved"))),
     LoadCase("fingerprint malformed", "vit", "'base_model.fingerprint'", set_key("base_model.fingerprint", "md5:0")),
     LoadCase("tokenizer.json truncated", "bert", "preprocessor", truncate("tokenizer.json")),
     LoadCase("max_length is negative", "bert", "'input_contract.preprocessing.max_length'",
