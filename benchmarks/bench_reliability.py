@@ -69,6 +69,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_evaluation_errors_do_not_call_the_data_calibration_data": ("batches, labels and empty data", REFUSED),
     "test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch": ("bad input: NaN/inf in the data", REFUSED),
     "test_token_ids_outside_the_vocabulary_are_named_with_the_fix": ("token ids outside the vocabulary", REFUSED),
+    "test_token_ids_outside_the_vocabulary_name_the_samples_and_the_fix": ("token ids outside the vocabulary", REFUSED),
     "test_data_derived_from_the_calibration_data_hold_its_rows": ("in-sample: data derived from the calibration data", HANDLED),
     "test_other_rows_are_not_taken_for_calibration_rows": ("in-sample: data derived from the calibration data", HANDLED),
     "test_streams_whose_rows_cannot_be_traced_are_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),

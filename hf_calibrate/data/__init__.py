@@ -53,6 +53,14 @@ def prepare_data(
     if _sized_and_empty(data):
         raise ValueError(empty_data_message(data))
     options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
+    prepared = _prepared(data, backbone, options, cache_bytes)
+    prepared.token_vocabulary = backbone.token_vocabulary()  # token ids are checked against it as batches are read
+    return prepared
+
+
+def _prepared(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> CalibrationData:
+    """:func:`prepare_data`'s form of ``data``: map-style or a stream."""
+    label_column = options.label_column
     if _is_hf_dataset(data):
         return datasets_rows(data, backbone, options, cache_bytes)
     source = source_of(data, label_column)

@@ -28,7 +28,7 @@ from ..calibrators.base import check_fields, require
 from ..calibrators.holdout import holdout_split, seeded_generator
 from ..data import DEFAULT_CACHE_BYTES, CalibrationData, StreamedData
 from ..metrics._checks import check_labels
-from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
+from .faults import FaultLedger, check_finite_outputs, note_bad_inputs
 from .kept_logits import KeptLogits
 from .rows import DEFAULT_SPILL_BYTES, RowBuffer
 from .scan import scan_stream
@@ -205,7 +205,7 @@ class Engine:
             nonlocal pending
             while pending is not None and pending[0] == number:
                 _, micro, inputs, labels = pending
-                yield micro, note_nonfinite_inputs(self.faults, data, inputs, micro), labels
+                yield micro, note_bad_inputs(self.faults, data, inputs, micro), labels
                 pending = next(stream, None)
 
         for number in range(len(global_batches)):

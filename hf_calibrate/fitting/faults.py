@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Sequence, Type
 import torch
 
 from .. import _distributed
-from ..backbones import Inputs
+from ..backbones import Inputs, outside_vocabulary
 from ..data import CalibrationData
 from ..metrics._checks import NonFiniteError, describe_positions, nonfinite_rows
 
@@ -82,8 +82,9 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int]) -> Inputs:
-    """Note floating inputs holding NaN or ±inf (integer token ids and masks are skipped); return them neutralised.
+def note_bad_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int]) -> Inputs:
+    """Note floating inputs holding NaN or ±inf, and token ids outside the model's vocabulary
+    (``data.token_vocabulary``); return the inputs neutralised, so that the batch runs to its synchronisation point.
 
     ``positions`` are the dataset indices of the micro-batch's rows.
     """
@@ -93,6 +94,14 @@ def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: In
         if rows:
             ledger.note(NonFiniteError, nonfinite_inputs_message(data, key), [positions[row] for row in rows])
             checked[key] = neutralise(value)
+    if data.token_vocabulary is not None:
+        key, vocabulary = data.token_vocabulary
+        ids = checked.get(key)
+        outside = (ids < 0) | (ids >= vocabulary) if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
+        rows = outside.flatten(1).any(1).nonzero().flatten().tolist() if outside is not None and outside.ndim >= 2 else []
+        if rows:
+            ledger.note(ValueError, _token_ids_message(data, key, vocabulary), [positions[row] for row in rows])
+            checked[key] = ids.masked_fill(outside, 0)
     return checked
 
 
@@ -106,6 +115,11 @@ def nonfinite_inputs_message(data: CalibrationData, key: str) -> str:
         f"({_WHERE}). Calibrating or evaluating on them would give wrong "
         "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
     )
+
+
+def _token_ids_message(data: CalibrationData, key: str, vocabulary: int) -> str:
+    return (f"input {key!r} holds token ids in sample(s) {SAMPLES} of {data.description} ({_WHERE}) "
+            f"{outside_vocabulary(vocabulary)}")
 
 
 def nonfinite_outputs_message(data: CalibrationData, what: str) -> str:

@@ -73,3 +73,33 @@ def test_label_shape_errors_speak_of_each_samples_label(plain, rows, form, label
     message = str(error.value)
     assert message.startswith("labels must be one integer class index per sample, but ") and said in message, message
     assert "(1, " not in message and "(50" not in message
+
+
+@pytest.fixture(scope="module")
+def tiny_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        num_labels=3, pad_token_id=0)
+    return BertForSequenceClassification(config).eval()
+
+
+@pytest.mark.parametrize("call", ["fit", "evaluate"])
+@pytest.mark.parametrize("bad_id", [50, -3])
+def test_token_ids_outside_the_vocabulary_name_the_samples_and_the_fix(tiny_bert, call, bad_id):
+    """Out-of-vocabulary input_ids surfaced as the embedding's 'IndexError: index out of range in self'. They are found
+    as the data are read (so that under several processes every process raises alike), naming the samples."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 50, (24, 7), generator=generator)
+    ids[[5, 6], 3] = bad_id  # one batch of 8: the error is raised once that batch has been read
+    rows = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": torch.randint(0, 3, (24,), generator=generator).tolist()})
+    with pytest.raises(ValueError) as error:
+        if call == "fit":
+            CalibratedModel.fit(tiny_bert, rows, method="temperature", batch_size=8, progress=False)
+        else:
+            clean = rows.map(lambda row: {"input_ids": [min(max(i, 1), 49) for i in row["input_ids"]]})
+            CalibratedModel.fit(tiny_bert, clean, method="temperature", progress=False).evaluate(rows, batch_size=8, progress=False)
+    message = str(error.value)
+    assert "input 'input_ids' holds token ids in sample(s) 5, 6 of " in message, message
+    assert "vocabulary of 50 tokens (ids 0 to 49)" in message and "model's own tokenizer" in message
