@@ -8,7 +8,10 @@ must be 0.
   at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/serialization/test_reliability_artifacts.py``
   run as a script classifies every case itself (``reliability_counts``).
 * Data, options, labels, input sizes: the parametrised cases of ``tests/integration/test_reliability_inputs.py``,
-  ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes).
+  ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes),
+  and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids,
+  in-sample detection of derived ``datasets`` data, intervals on too few samples): the test files and functions
+  listed after them in :data:`INPUT_TEST_FILES`.
   Each test function states one expected outcome (below); a case that passes ended that way, a case that fails did not (counted as *unclear
   error*: the test's message says whether the result was silent or the error unclear).
 
@@ -59,9 +62,33 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),
     "test_samples_of_different_sizes_in_one_batch_name_both_sizes": ("input size and preprocessing", REFUSED),
     "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
+    # issue 31
+    "test_a_batch_with_more_inputs_than_labels_names_both_counts": ("batches, labels and empty data", REFUSED),
+    "test_empty_streams_are_refused_naming_the_fix": ("batches, labels and empty data", REFUSED),
+    "test_label_shape_errors_speak_of_each_samples_label": ("batches, labels and empty data", REFUSED),
+    "test_evaluation_errors_do_not_call_the_data_calibration_data": ("batches, labels and empty data", REFUSED),
+    "test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch": ("bad input: NaN/inf in the data", REFUSED),
+    "test_token_ids_outside_the_vocabulary_are_named_with_the_fix": ("token ids outside the vocabulary", REFUSED),
+    "test_token_ids_outside_the_vocabulary_name_the_samples_and_the_fix": ("token ids outside the vocabulary", REFUSED),
+    "test_data_derived_from_the_calibration_data_hold_its_rows": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_other_rows_are_not_taken_for_calibration_rows": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_streams_whose_rows_cannot_be_traced_are_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_evaluate_reports_derived_calibration_data_as_in_sample": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_evaluate_says_unknown_where_it_cannot_know": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_too_few_test_samples_give_no_interval_and_no_verdict": ("intervals: too few samples or replicates", HANDLED),
+    "test_too_few_samples_or_replicates_give_no_interval_never_a_degenerate_one": ("intervals: too few samples or replicates", HANDLED),
+    "test_too_few_samples_give_no_interval_and_say_why": ("intervals: too few samples or replicates", HANDLED),
 }
 INPUT_TEST_FILES = (
-    "integration/test_reliability_inputs.py", "backbones/test_reliability_input_size.py", "fitting/test_distributed_faults.py"
+    "integration/test_reliability_inputs.py", "backbones/test_reliability_input_size.py", "fitting/test_distributed_faults.py",
+    # issue 31: the cases of these files (or functions) are all listed in INPUT_CASES
+    "data/test_data_errors.py", "data/test_lineage.py",
+    "fitting/test_fit_errors.py::test_evaluation_errors_do_not_call_the_data_calibration_data",
+    "fitting/test_fit_errors.py::test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch",
+    "backbones/test_backbones.py::test_token_ids_outside_the_vocabulary_are_named_with_the_fix",
+    "results/test_evaluation_intervals.py::test_too_few_test_samples_give_no_interval_and_no_verdict",
+    "metrics/test_metrics_intervals.py::test_too_few_samples_or_replicates_give_no_interval_never_a_degenerate_one",
+    "metrics/test_evaluate_modules.py::test_too_few_samples_give_no_interval_and_say_why",
 )
 DEFAULT_INPUT_GROUP = ("input size and preprocessing", HANDLED)
 
@@ -112,7 +139,9 @@ def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
         "and tensors) come from `tests/serialization/test_reliability_artifacts.py`, which classifies each case itself; the "
         "others are the cases of `tests/integration/test_reliability_inputs.py`, `tests/backbones/test_reliability_input_size.py` and "
         "`tests/fitting/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
-        "each test stating its expected outcome.",
+        "and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample "
+        "detection of data derived from the calibration data, intervals on too few samples; the files and functions listed in "
+        "`INPUT_TEST_FILES`), each test stating its expected outcome.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -18,8 +18,9 @@ the card and the CLI show::
 where an interval is :meth:`Interval.to_dict` (``point``, ``low``, ``high``, ``confidence``,
 ``replicates``, ``seed``). With ``bootstrap=0`` only the points are computed, and the
 ``intervals``, ``difference``, ``verdicts`` and ``bootstrap`` keys are absent. An evaluation takes
-0 or at least :data:`MIN_BOOTSTRAP` replicates, and on fewer than :data:`MIN_VERDICT_SAMPLES` test
-samples every verdict is "no detectable change at this test size" (its intervals are still shown).
+0 or at least :data:`MIN_BOOTSTRAP` replicates; on fewer than ``MIN_INTERVAL_SAMPLES`` (30) test
+samples no metric has an interval (``low`` and ``high`` None, and the ``reason``: never a
+degenerate one) and every verdict is "no detectable change at this test size".
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .metrics import CalibrationMetrics, interval_report, verdict
-from .metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS_BETTER, VERDICTS, check_replicates, check_seed
+from .metrics.interval_options import MIN_INTERVAL_REPLICATES, check_bootstrap  # check_bootstrap: evaluate's check
+from .metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS_BETTER, check_seed
 
 #: metrics given with intervals: the bootstrap's defaults. smECE's are on request (bootstrap_intervals(...,
 #: metrics=["smooth_ece"])): one bandwidth search per replicate, 3-4 ms each at N = 10³-10⁴ on an idle core, so
@@ -36,28 +38,8 @@ from .metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS
 INTERVAL_METRICS = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "nll", "brier")
 #: replicates of an evaluation's bootstrap unless told otherwise
 DEFAULT_BOOTSTRAP = DEFAULT_REPLICATES
-#: fewest replicates an evaluation takes: fewer cannot place its 2.5 % and 97.5 % quantiles
-MIN_BOOTSTRAP = 100
-#: fewest test samples behind a verdict other than "no detectable change": a bootstrap of fewer
-#: resamples the same few rows and its intervals understate the spread (one sample: zero width)
-MIN_VERDICT_SAMPLES = 30
-
-
-def check_bootstrap(value: Any) -> int:
-    """An evaluation's number of bootstrap replicates: 0 (points only) or at least :data:`MIN_BOOTSTRAP`."""
-    replicates = check_replicates(value, "bootstrap", allow_zero=True)
-    if 0 < replicates < MIN_BOOTSTRAP:
-        raise ValueError(
-            f"bootstrap must be 0 (points only) or at least {MIN_BOOTSTRAP} replicates, got {replicates}: fewer cannot place "
-            f"the 2.5 % and 97.5 % quantiles of a 95 % interval. Pass bootstrap=1000 (the default) or 0."
-        )
-    return replicates
-
-
-def _verdict(interval: Any, name: str, samples: int) -> str:
-    """:func:`~hf_calibrate.metrics.verdict` of one paired difference, "no detectable change" below
-    :data:`MIN_VERDICT_SAMPLES` test samples."""
-    return verdict(interval, name not in HIGHER_IS_BETTER) if samples >= MIN_VERDICT_SAMPLES else VERDICTS[2]
+#: fewest replicates an evaluation takes (0 aside): fewer cannot place its 2.5 % and 97.5 % quantiles
+MIN_BOOTSTRAP = MIN_INTERVAL_REPLICATES
 
 
 def accumulators(num_classes: int, n_bins: int, bootstrap: int, seed: int) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
@@ -98,11 +80,10 @@ def summarize(
         return {"uncalibrated": _side(uncalibrated, {}), "calibrated": _side(calibrated, {})}
     report = interval_report(calibrated, uncalibrated, metrics=_interval_metrics(calibrated), confidence=confidence)
     sides = {"uncalibrated": _side(uncalibrated, report.b), "calibrated": _side(calibrated, report.a)}
-    samples = sides["calibrated"]["num_samples"]
     return {
         **sides,
         "difference": {name: interval.to_dict() for name, interval in report.difference.items()},
-        "verdicts": {name: _verdict(interval, name, samples) for name, interval in report.difference.items()},
+        "verdicts": {name: verdict(interval, name not in HIGHER_IS_BETTER) for name, interval in report.difference.items()},
         "bootstrap": bootstrap_settings(calibrated, confidence),
     }
 

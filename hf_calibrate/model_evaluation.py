@@ -13,7 +13,7 @@ model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same
 :meth:`CalibratedModel.evaluate`'s result is plain JSON data (``json.dumps`` takes it)::
 
     {"uncalibrated": metrics, "calibrated": metrics, "reliability": {side: bins},
-     "dataset": str, "split": str or None, "n_bins": int, "in_sample": bool,
+     "dataset": str, "split": str or None, "n_bins": int, "in_sample": bool or None (unknown),
      "calibration_dataset": str, "calibration_split": str or None,
      "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}
 

@@ -30,6 +30,7 @@ from . import evaluation, model_evaluation, reporting
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .configuration import TASKS, CalibratedConfig
+from .data.lineage import holds_rows_of
 from .fitting.calibrate import FittedCalibration, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
 from .hub_mixin import CalibratedHubMixin
 from .model_evaluation import EVALUATION_KEYWORDS, fit_and_evaluate
@@ -190,16 +191,22 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         """The sentence saying this Neural Clamping fit fell back to temperature scaling, or None when it did not."""
         return fallback_note(self.fit_summary, self.provenance)
 
-    def fitted_on(self, data: Any) -> bool:
-        """Whether ``data`` are data this calibration was fitted on: the very calibration, validation or temperature
-        data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given), or a
-        ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded,
-        so this holds for a loaded model too)."""
+    def fitted_on(self, data: Any) -> Optional[bool]:
+        """Whether ``data`` are, or hold, data this calibration was fitted on: the very calibration, validation or
+        temperature data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given);
+        a ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded, so
+        this holds for a loaded model too); or ``datasets`` data derived from them in this session and holding at
+        least one of their rows (``select``, ``shuffle``, ``filter``, ``train_test_split``, ``to_iterable_dataset``:
+        :mod:`hf_calibrate.data.lineage`). None (unknown) for a ``datasets.IterableDataset`` whose rows cannot be
+        traced (a streamed ``load_dataset``, or an iterable mapped, filtered, skipped or taken)."""
         identity = reporting.data_identity(data)
-        if any(reference() is identity for reference in self._fitted_data):
+        fitted = [reference() for reference in self._fitted_data]
+        if any(item is identity for item in fitted):
             return True
         fingerprint = reporting.data_fingerprint(data)
-        return fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ())
+        if fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ()):
+            return True
+        return holds_rows_of(reporting.data_source(data), fitted)
 
     # -------------------------------------------------- evaluation
     def evaluate(

@@ -40,6 +40,7 @@ FILE_BUILDERS = frozenset({
 #: splits taken, in this order, as held-out evaluation data when none is named
 HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
 IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
+UNKNOWN_SAMPLE_NOTE = "whether these are data the calibration was fitted on is unknown"
 FALLBACK_ADVICE = (
     "To get a δ that helps, try more calibration data or a separate validation split, a longer schedule "
     "(options epochs, lr) or another select_metric; or use the method 'temperature', which fits this same model directly."
@@ -130,8 +131,11 @@ def evaluated_on(evaluation: Mapping[str, Any]) -> str:
 
 
 def evaluation_label(evaluation: Mapping[str, Any]) -> str:
-    """:func:`evaluated_on`, marked as in-sample when it is (how the CLI's output names an evaluation)."""
+    """:func:`evaluated_on`, marked as in-sample when it is, or as unknown when that could not be told (how the CLI's
+    output names an evaluation)."""
     label = evaluated_on(evaluation)
+    if "in_sample" in evaluation and evaluation["in_sample"] is None:
+        return f"{label} ({UNKNOWN_SAMPLE_NOTE})"
     return f"{label} ({IN_SAMPLE_NOTE})" if evaluation.get("in_sample") else label
 
 
@@ -195,7 +199,10 @@ def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[st
 
 
 def interval_text(interval: Optional[Mapping[str, Any]], *, signed: bool = False) -> str:
-    """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``), ``""`` for None."""
+    """``"[0.0510, 0.0930]"`` of an interval's JSON form (signed: ``"[-0.0620, -0.0240]"``); ``"(no interval)"`` when it
+    says why it has none (too few samples or replicates), ``""`` for None or ends that are missing for another reason."""
+    if interval and interval.get("reason"):
+        return "(no interval)"
     if not interval or interval.get("low") is None or interval.get("high") is None:
         return ""
     return f"[{_endpoint(interval['low'], signed)}, {_endpoint(interval['high'], signed)}]"

@@ -119,12 +119,12 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
     batches = engine.global_batches(torch.arange(len(data)), shuffle=False)
     passes = _kept_batches(engine, data, batches, kept[1]) if kept is not None and scorer.logit_space else engine.batches(data, batches)
     with engine.progress(len(batches), "evaluating") as bar:
-        for number, micro_batches in passes:
+        for _, micro_batches in passes:
             for micro, inputs, labels in micro_batches:
                 base_logits, calibrated_logits = _logit_pair(scorer, engine, inputs, micro, kept)
                 bad = engine.note_label_faults(labels, num_classes)
                 for side, logits in _named_sides(scorer, base_logits, calibrated_logits):
-                    bad |= note_nonfinite_outputs(engine.faults, data, logits, micro, number, side)
+                    bad |= note_nonfinite_outputs(engine.faults, data, logits, micro, side)
                 if not bad:
                     _update(accumulators, base_logits, calibrated_logits, labels, torch.as_tensor(micro))
             engine.sync_faults()
@@ -145,7 +145,7 @@ def _score_stream(scorer: Scorer, engine: Engine, data: StreamedData, accumulato
         base = rows[:, :num_classes]
         calibrated = rows[:, num_classes:] if scorer.calibrator is not None else base
     for side, logits in _named_sides(scorer, base, calibrated):
-        note_nonfinite_outputs(engine.faults, data, logits, indices.tolist(), None, side)
+        note_nonfinite_outputs(engine.faults, data, logits, indices.tolist(), side)
     engine.sync_faults()
     _update(accumulators, base, calibrated, labels, indices)
 

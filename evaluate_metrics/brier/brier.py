@@ -24,13 +24,13 @@ Args:
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
     bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
         confidence interval of the Brier score (`hf_calibrate.metrics.bootstrap_intervals`);
-        0 gives no interval. R = 1000 is a good choice.
+        0 gives no interval. R from 1 to 99 is refused; R = 1000 is a good choice.
     seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
         the same interval.
 
 Returns:
     brier (`float`): the Brier score summed over classes, in [0, 2]; lower is better.
-    brier_low, brier_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+    brier_low, brier_high (`float`, only with `bootstrap` > 0; None on fewer than 30 samples, with `no_interval_reason` saying why): the ends of its 95 % bootstrap
         percentile interval.
 
 Examples:

@@ -26,7 +26,7 @@ Args:
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
     bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
         confidence interval of each metric below but `classwise_ece` and `num_samples`
-        (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives no interval. R = 1000 is a good choice.
+        (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives no interval. R from 1 to 99 is refused; R = 1000 is a good choice.
     seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
         the same interval.
 
@@ -40,7 +40,7 @@ Returns:
     nll (`float`): mean negative log-likelihood in nats, in [0, -log(1e-12) ≈ 27.63].
     brier (`float`): Brier score summed over classes, in [0, 2].
     num_samples (`int`): N.
-    <metric>_low, <metric>_high (`float`, only with `bootstrap` > 0): the ends of the 95 %
+    <metric>_low, <metric>_high (`float`, only with `bootstrap` > 0; None on fewer than 30 samples, with `no_interval_reason` saying why): the ends of the 95 %
         bootstrap interval of accuracy, ece, ada_ece, mce, rms_ce, nll and brier (percentile
         intervals for accuracy, NLL and Brier; for the calibration errors shifted by the
         bootstrap bias, low cut at 0).

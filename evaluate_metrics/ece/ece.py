@@ -38,7 +38,7 @@ Args:
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
     bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
         confidence interval of the error (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives
-        no interval. R = 1000 is a good choice. Offered for `binning="equal_width"` with `norm`
+        no interval. R from 1 to 99 is refused; R = 1000 is a good choice. Offered for `binning="equal_width"` with `norm`
         `"l1"` (ECE), `"l2"` (RMS) or `"max"` (MCE) and for `binning="equal_mass"` with
         `norm="l1"` (AdaECE).
     seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
@@ -46,7 +46,7 @@ Args:
 
 Returns:
     ece (`float`): the calibration error, in [0, 1]; lower is better.
-    ece_low, ece_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+    ece_low, ece_high (`float`, only with `bootstrap` > 0; None on fewer than 30 samples, with `no_interval_reason` saying why): the ends of its 95 % bootstrap
         interval (percentile interval shifted by the bootstrap bias, low cut at 0).
 
 Examples:

@@ -24,13 +24,13 @@ Args:
     from_logits (`bool`, defaults to `False`): apply softmax to `predictions` first.
     bootstrap (`int`, defaults to 0): number R of Poisson-bootstrap replicates of a 95 %
         confidence interval of the NLL (`hf_calibrate.metrics.bootstrap_intervals`); 0 gives
-        no interval. R = 1000 is a good choice.
+        no interval. R from 1 to 99 is refused; R = 1000 is a good choice.
     seed (`int`, defaults to 0): seed of the bootstrap weights; the same seed and inputs give
         the same interval.
 
 Returns:
     nll (`float`): mean negative log-likelihood in nats, in [0, -log(1e-12) ≈ 27.63]; lower is better.
-    nll_low, nll_high (`float`, only with `bootstrap` > 0): the ends of its 95 % bootstrap
+    nll_low, nll_high (`float`, only with `bootstrap` > 0; None on fewer than 30 samples, with `no_interval_reason` saying why): the ends of its 95 % bootstrap
         percentile interval.
 
 Examples:

@@ -9,7 +9,7 @@ from torch import nn
 from .base import Backbone, Inputs, InputSizeError, format_size
 from .timm_models import TimmBackbone, is_timm_model
 from .torch_modules import TorchBackbone
-from .transformers_models import TransformersTextBackbone, TransformersVisionBackbone, transformers_task
+from .transformers_models import TransformersTextBackbone, TransformersVisionBackbone, outside_vocabulary, transformers_task
 
 SUPPORTED = (
     "timm classifiers (timm.create_model(...)), transformers AutoModelForImageClassification and "
@@ -58,4 +58,5 @@ __all__ = [
     "TransformersVisionBackbone",
     "adapt",
     "format_size",
+    "outside_vocabulary",
 ]

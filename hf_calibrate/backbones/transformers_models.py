@@ -124,6 +124,15 @@ class TransformersVisionBackbone(_TransformersBackbone):
         return self._run(inputs)
 
 
+def outside_vocabulary(vocabulary: int) -> str:
+    """The rest of an error about token ids outside a vocabulary of ``vocabulary`` tokens: what it means and the fix."""
+    return (
+        f"outside this model's vocabulary of {vocabulary} tokens (ids 0 to {vocabulary - 1}); the texts were tokenized "
+        "with another tokenizer, or the ids were changed. Tokenize them with the model's own tokenizer (or pass the raw "
+        "texts with preprocessor=<its tokenizer>)."
+    )
+
+
 class TransformersTextBackbone(_TransformersBackbone):
     """``AutoModelForSequenceClassification`` models; δ lives in word-embedding space."""
 
@@ -157,7 +166,23 @@ class TransformersTextBackbone(_TransformersBackbone):
             return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         return (input_ids != pad_id).to(torch.float32)
 
+    def token_vocabulary(self) -> Tuple[str, int]:
+        return self.input_key, int(self.model.get_input_embeddings().num_embeddings)
+
+    def check_token_ids(self, inputs: Inputs) -> None:
+        """Refuse ``input_ids`` outside the model's vocabulary (the embedding would fail with a bare IndexError)."""
+        ids = inputs.get(self.input_key)
+        if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
+            return
+        vocabulary = self.token_vocabulary()[1]
+        low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())
+        if low < 0 or high >= vocabulary:
+            raise ValueError(
+                f"input_ids holds token id {low if low < 0 else high}, {outside_vocabulary(vocabulary)}"
+            )
+
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
+        self.check_token_ids(inputs)
         if delta is None:
             return self._run(inputs)
         if inputs.get("inputs_embeds") is not None:

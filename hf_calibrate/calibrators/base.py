@@ -236,6 +236,12 @@ def _field_hints(options_class: type) -> Dict[str, Any]:
     return {field.name: hints.get(field.name, Any) for field in dataclasses.fields(options_class)}
 
 
+#: the largest magnitude a float option may have: every method's float options (rates, strengths, weights, gains,
+#: temperatures, fractions) are far below it, and beyond it a fit's arithmetic overflows (lr=1e308 makes torch
+#: raise an overflow RuntimeError) instead of failing the option check
+MAX_FLOAT_OPTION = 1e6
+
+
 def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
@@ -252,7 +258,7 @@ def _matches(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     if hint is float:
-        return _is_real(value) and math.isfinite(value)
+        return _is_real(value) and math.isfinite(value) and abs(value) <= MAX_FLOAT_OPTION
     if hint is str:
         return isinstance(value, str)
     if origin in (tuple, list, collections.abc.Sequence):
@@ -275,7 +281,8 @@ def _describe(hint: Any) -> str:
     if origin is collections.abc.Callable:
         return "a callable"
     words = {
-        type(None): "None", bool: "True or False", int: "an integer (not a bool)", float: "a finite number",
+        type(None): "None", bool: "True or False", int: "an integer (not a bool)",
+        float: f"a finite number of magnitude at most {MAX_FLOAT_OPTION:g}",
         str: "a string", os.PathLike: "a path",
     }
     return words.get(hint, getattr(hint, "__name__", str(hint)))

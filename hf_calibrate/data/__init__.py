@@ -29,7 +29,7 @@ from .labels import align_labels, label_indices, label_tensor, model_label_names
 from .mapped import DEFAULT_CACHE_BYTES, PreparedData, datasets_rows, loader_samples, map_style_samples
 from .reading import LoadedData, align_split_labels, label_column_of, load_splits, read_labelled_splits, select_split
 from .rows import RowOptions
-from .sources import source_of
+from .sources import empty_data_message, source_of
 from .stream import StreamedData, StreamIndex
 from .streamed import streamed_data
 
@@ -48,8 +48,19 @@ def prepare_data(
     max_length: Optional[int] = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> CalibrationData:
-    """``data`` as map-style :class:`PreparedData` (batched by index) or a :class:`StreamedData` (read in order)."""
+    """``data`` as map-style :class:`PreparedData` (batched by index) or a :class:`StreamedData` (read in order);
+    data known to hold no sample are refused (a stream is refused when its first read gives nothing)."""
+    if _sized_and_empty(data):
+        raise ValueError(empty_data_message(data))
     options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
+    prepared = _prepared(data, backbone, options, cache_bytes)
+    prepared.token_vocabulary = backbone.token_vocabulary()  # token ids are checked against it as batches are read
+    return prepared
+
+
+def _prepared(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> CalibrationData:
+    """:func:`prepare_data`'s form of ``data``: map-style or a stream."""
+    label_column = options.label_column
     if _is_hf_dataset(data):
         return datasets_rows(data, backbone, options, cache_bytes)
     source = source_of(data, label_column)
@@ -60,7 +71,7 @@ def prepare_data(
     if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, (dict, str, bytes)):
         return map_style_samples(data, backbone, options, cache_bytes)
     raise TypeError(
-        f"calibration data of type {type(data).__name__} is not supported; pass a DataLoader, a torch Dataset or "
+        f"data of type {type(data).__name__} are not supported; pass a DataLoader, a torch Dataset or "
         "IterableDataset, a datasets.Dataset or IterableDataset, a list of batches, or a callable returning an iterator "
         "of batches."
     )
@@ -72,6 +83,14 @@ def _is_hf_dataset(data: Any) -> bool:
     except ImportError:  # pragma: no cover - datasets is a core dependency
         return False
     return isinstance(data, datasets.Dataset)
+
+
+def _sized_and_empty(data: Any) -> bool:
+    """Whether ``data`` have a length, and it is 0 (a DataLoader: no batch; iterables without a length: False)."""
+    try:
+        return len(data) == 0
+    except TypeError:  # no length (a stream, a callable) or one it cannot tell
+        return False
 
 
 __all__ = [
@@ -96,3 +115,4 @@ __all__ = [
     "select_split",
     "split_batch",
 ]
+

@@ -29,23 +29,30 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
         inputs, labels = {backbone.input_key: batch[0]}, batch[1]
     else:
         raise ValueError(
-            f"a calibration batch must be an (inputs, labels) pair or a dict with 'labels'; got {type(batch).__name__}"
+            f"a batch must be an (inputs, labels) pair or a dict with 'labels'; got {type(batch).__name__}"
             + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
             + "."
         )
     labels = label_tensor(labels, backbone)
     if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(
-            f"labels must be a 1-D tensor of integer class indices, got shape {tuple(labels.shape)} and dtype "
-            f"{labels.dtype}."
-        )
+        raise ValueError(f"labels must be one integer class index per sample, but {_labels_described(labels)}.")
     for key, value in inputs.items():
         if isinstance(value, torch.Tensor) and value.ndim >= 1 and len(value) != len(labels):
             raise ValueError(
-                f"a calibration batch holds {len(labels)} labels but {len(value)} rows of {key!r}; every input needs one "
+                f"a batch holds {len(labels)} labels but {len(value)} rows of {key!r}; every input needs one "
                 "row per label."
             )
     return dict(inputs), labels.long()
+
+
+def _labels_described(labels: torch.Tensor) -> str:
+    """What is wrong with ``labels``, said per sample (the batch may be one the fit made, not the user's)."""
+    if labels.ndim == 0:
+        return f"a batch holds a single {labels.dtype} label (a 0-d tensor); give one label per sample"
+    per_sample = "a scalar" if labels.ndim == 1 else f"a tensor of shape {tuple(labels.shape[1:])}"
+    fix = "cast them to integer class indices (e.g. labels.long())" if labels.ndim == 1 else (
+        "give one class index per sample (e.g. labels.argmax(-1) of one-hot rows, or labels.squeeze(-1))")
+    return f"each sample's label is {per_sample} of dtype {labels.dtype}; {fix}"
 
 
 def _split_mapping(batch: Mapping, backbone: Backbone) -> Tuple[Dict[str, Any], Any]:
@@ -53,8 +60,8 @@ def _split_mapping(batch: Mapping, backbone: Backbone) -> Tuple[Dict[str, Any], 
     label_key = next((key for key in LABEL_KEYS if key in batch), None)
     if label_key is None:
         raise ValueError(
-            f"a calibration batch is a dict with keys {sorted(batch)} but no 'labels' or 'label' key; "
-            "calibration needs the true class of every sample."
+            f"a batch is a dict with keys {sorted(batch)} but no 'labels' or 'label' key; "
+            "calibrating and evaluating need the true class of every sample."
         )
     inputs = {key: value for key, value in batch.items() if key not in LABEL_KEYS}
     if backbone.input_key in inputs:  # only the model's inputs go on (not a text or idx column)
@@ -62,7 +69,7 @@ def _split_mapping(batch: Mapping, backbone: Backbone) -> Tuple[Dict[str, Any], 
     tensors = [key for key, value in inputs.items() if isinstance(value, torch.Tensor)]
     if len(tensors) != 1:
         raise ValueError(
-            f"a calibration batch has inputs {sorted(inputs)} but this {backbone.library} model "
+            f"a batch has inputs {sorted(inputs)} but this {backbone.library} model "
             f"takes {backbone.input_key!r}; rename the input column to {backbone.input_key!r}."
         )
     return {backbone.input_key: inputs[tensors[0]]}, batch[label_key]
@@ -155,7 +162,7 @@ class BatchBuilder:
             held = wider
         elif held.shape[1:] != value.shape[1:] and not (_is_token_field(value) and held.ndim == 2):
             raise ValueError(
-                f"the calibration samples differ in size: {tuple(held.shape[1:])} and {tuple(value.shape[1:])} for {key!r}. "
+                f"the samples differ in size: {tuple(held.shape[1:])} and {tuple(value.shape[1:])} for {key!r}. "
                 "A calibration holds at one input size; resize or crop them all to one size (the size you will run the model at)."
             )
         self._inputs[key] = held
@@ -211,7 +218,7 @@ def _check_same_input_size(items: List[Any]) -> None:
     shapes = sorted({tuple(tensor.shape) for tensor in inputs})
     if len(shapes) > 1:
         raise ValueError(
-            f"the calibration samples differ in size: {shapes[0]} and {shapes[1]} in one batch. A calibration holds at "
+            f"the samples differ in size: {shapes[0]} and {shapes[1]} in one batch. A calibration holds at "
             "one input size; resize or crop them all to one size (the size you will run the model at)."
         )
 

@@ -9,7 +9,7 @@ rows become model inputs through :mod:`hf_calibrate.data.rows`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -35,6 +35,7 @@ class PreparedData:
     split: Optional[str] = None
     preprocessed_here: bool = False  # the library turned raw images or texts into inputs (else: the user did)
     shuffle_block: Optional[int] = None  # shuffled batches permute all the samples at once (streams: within blocks)
+    token_vocabulary: Optional[Tuple[str, int]] = None  # (token id input, vocabulary size) of a model of token ids
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -82,8 +83,6 @@ class CachedItems(Dataset):
 
 def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
     """A ``datasets.Dataset`` whose labels are matched to the model's and whose rows become model inputs."""
-    if len(data) == 0:
-        raise ValueError("the calibration dataset is empty.")
     columns = list(data.column_names)
     data = align_labels(data, label_column(columns, options), backbone)
     to_item, preprocessed_here = row_converter(columns, backbone, options)

@@ -67,7 +67,10 @@ class UnitSource:
         raise NotImplementedError
 
     def first(self) -> Any:
-        """The first element of the stream (a batch, or a sample of a sample stream), for probing the model; read once."""
+        """The first element of the stream (a batch, or a sample of a sample stream), for probing the model; read once.
+
+        Raises StopIteration when the stream holds nothing (callers say what that means for their data).
+        """
         if not hasattr(self, "_first"):
             self._first = self._read_first()
         return self._first
@@ -87,7 +90,7 @@ class SequenceOfBatches(UnitSource):
             yield key, self.batches[key]
 
     def _read_first(self) -> Any:
-        return self.batches[0]
+        return next(iter(self.batches))
 
 
 class LoaderOfBatches(UnitSource):
@@ -273,7 +276,7 @@ def _callable_source(make_iterator: Callable[[], Iterator[Any]], label_column: O
     """A callable's source: re-iterable when each call gives a new iterator, one-shot when it gives the same one."""
     first = make_iterator()
     if not isinstance(first, Iterable):
-        raise TypeError(f"calling the calibration data ({type(make_iterator).__name__}) gave a {type(first).__name__}, "
+        raise TypeError(f"calling the data ({type(make_iterator).__name__}) gave a {type(first).__name__}, "
                         "not an iterator: pass a callable that returns a new iterator of batches each time it is called.")
     if not isinstance(first, Iterator):
         return _iterable_source(lambda: iter(make_iterator()), make_iterator, label_column)
@@ -294,6 +297,11 @@ def _refuse_pre_split(data: Any) -> None:
         )
 
 
+def empty_data_message(data: Any) -> str:
+    """What to say of data (a fit's or an evaluation's) that hold no sample."""
+    return f"the data ({type(data).__name__}) hold no samples: at least one labelled sample is needed; pass non-empty data."
+
+
 def _indexable(dataset: Any) -> bool:
     return dataset is not None and hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset)
 
@@ -303,9 +311,9 @@ def _iterable_source(make_iterator: Callable[[], Iterator[Any]], probe: Any, lab
     try:
         first = next(iter(make_iterator()))
     except StopIteration:
-        raise ValueError(f"the calibration data ({type(probe).__name__}) yielded nothing: at least one labelled sample is needed.") from None
+        raise ValueError(empty_data_message(probe)) from None
     except TypeError as error:
-        raise TypeError(f"calling the calibration data ({type(probe).__name__}) did not give an iterator: {error}") from None
+        raise TypeError(f"calling the data ({type(probe).__name__}) did not give an iterator: {error}") from None
     source = IterableUnits(make_iterator, reiterable=True, of_samples=not is_batch(first, label_column))
     source._first = first
     return source
@@ -319,7 +327,7 @@ def _one_shot_source(get_iterator: Callable[[], Iterator[Any]], data: Any, label
         source.of_samples = not is_batch(source.first(), label_column)
     except StopIteration:
         raise ValueError(
-            f"the calibration data ({type(data).__name__}) yielded nothing: it is empty, or a one-shot iterator that an "
+            f"the data ({type(data).__name__}) yielded nothing: they are empty, or a one-shot iterator that an "
             "earlier call already read. Pass a callable that returns a new iterator, or a re-iterable."
         ) from None
     return source

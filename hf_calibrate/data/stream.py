@@ -79,6 +79,7 @@ class StreamedData:
         index: the :class:`StreamIndex`, set by the first pass.
         shuffle_block: shuffled plans permute within blocks of this many samples (None: all of
             them at once, as for map-style data); set by the first pass.
+        token_vocabulary: as for :class:`hf_calibrate.data.PreparedData`.
     """
 
     def __init__(self, source: UnitSource, to_batch: Callable[[Any], Batch], description: str, *, name: Optional[str] = None, split: Optional[str] = None,
@@ -88,6 +89,7 @@ class StreamedData:
         self.cache_bytes = cache_bytes
         self.index: Optional[StreamIndex] = None
         self.shuffle_block: Optional[int] = None
+        self.token_vocabulary: Optional[Tuple[str, int]] = None
         self._fingerprints: Dict[int, Tuple[int, float]] = {}
         self._kept: Optional[Dict[int, Batch]] = None
 
@@ -102,10 +104,7 @@ class StreamedData:
 
     def first_inputs(self) -> Inputs:
         """The model inputs of the stream's first sample, as a batch of one."""
-        try:
-            first = self.source.first()
-        except StopIteration:
-            raise ValueError(f"{self.description} holds no samples: at least one labelled sample is needed.") from None
+        first = self.source.first()
         inputs, _ = self.to_batch([first] if self.source.of_samples else first)
         return {key: value[:1] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
 

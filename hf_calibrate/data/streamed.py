@@ -9,12 +9,16 @@ from ..backbones import Backbone
 from .batches import Batch, collate_rows, pad_token_id, relabelled, sample_collate, split_batch
 from .labels import class_label_mapping, model_label_names
 from .rows import RowOptions, label_column, raw_row_converter, row_converter
-from .sources import HFIterableRows, IterableUnits, LoaderOfBatches, SequenceOfBatches, UnitSource
+from .sources import HFIterableRows, IterableUnits, LoaderOfBatches, SequenceOfBatches, UnitSource, empty_data_message
 from .stream import StreamedData
 
 
 def streamed_data(data: Any, source: UnitSource, backbone: Backbone, options: RowOptions, cache_bytes: int) -> StreamedData:
-    """``data`` (whose units ``source`` reads) as a stream of batches for ``backbone``."""
+    """``data`` (whose units ``source`` reads) as a stream of batches for ``backbone``; empty data are refused."""
+    try:
+        source.first()
+    except StopIteration:
+        raise ValueError(empty_data_message(data)) from None
     pad_id = pad_token_id(backbone)
 
     def collate(rows: List[dict]) -> Batch:
@@ -90,8 +94,14 @@ class _BatchToBatch:
 
 
 def _rows(batch: dict) -> List[dict]:
-    """The rows of a dict batch of equal-length columns (lists, tensors, arrays)."""
-    count = len(next(iter(batch.values())))
+    """The rows of a dict batch of equal-length columns (lists, tensors, arrays); columns of other lengths are refused."""
+    lengths = {key: len(value) for key, value in batch.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"a batch's columns differ in length ({', '.join(f'{key!r}: {count}' for key, count in lengths.items())} "
+            "rows); every input needs one row per label. Give each column one row per sample."
+        )
+    count = next(iter(lengths.values()))
     return [{key: value[row] for key, value in batch.items()} for row in range(count)]
 
 

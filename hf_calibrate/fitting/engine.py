@@ -28,7 +28,7 @@ from ..calibrators.base import check_fields, require
 from ..calibrators.holdout import holdout_split, seeded_generator
 from ..data import DEFAULT_CACHE_BYTES, CalibrationData, StreamedData
 from ..metrics._checks import check_labels
-from .faults import FaultLedger, check_finite_outputs, note_nonfinite_inputs
+from .faults import FaultLedger, check_finite_outputs, note_bad_inputs
 from .kept_logits import KeptLogits
 from .rows import DEFAULT_SPILL_BYTES, RowBuffer
 from .scan import scan_stream
@@ -205,7 +205,7 @@ class Engine:
             nonlocal pending
             while pending is not None and pending[0] == number:
                 _, micro, inputs, labels = pending
-                yield micro, note_nonfinite_inputs(self.faults, data, inputs, micro, number), labels
+                yield micro, note_bad_inputs(self.faults, data, inputs, micro), labels
                 pending = next(stream, None)
 
         for number in range(len(global_batches)):
@@ -247,7 +247,7 @@ class Engine:
                     outputs.append(rows)
                     targets.append(labels)
                 order, rows, labels = self.gather_sorted(*self._local(positions, outputs, targets), count=len(batches[number]))
-                check_finite_outputs(data, rows, order, number, what)  # gathered: every process raises alike
+                check_finite_outputs(data, rows, order, what)  # gathered: every process raises alike
                 yield rows, labels
                 bar.update(1)
 
@@ -367,7 +367,7 @@ class Engine:
         try:
             check_labels(labels, num_classes)
         except ValueError as error:
-            raise ValueError(f"calibration labels do not match the model: {error}") from None
+            raise ValueError(f"the data's labels do not match the model: {error}") from None
 
 
 def steps_per_epoch(count: int, batch_size: int) -> int:

@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Sequence, Type
 import torch
 
 from .. import _distributed
-from ..backbones import Inputs
+from ..backbones import Inputs, outside_vocabulary
 from ..data import CalibrationData
 from ..metrics._checks import NonFiniteError, describe_positions, nonfinite_rows
 
@@ -82,44 +82,56 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def note_nonfinite_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int], number: Optional[int]) -> Inputs:
-    """Note floating inputs holding NaN or ±inf (integer token ids and masks are skipped); return them neutralised.
+def note_bad_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int]) -> Inputs:
+    """Note floating inputs holding NaN or ±inf, and token ids outside the model's vocabulary
+    (``data.token_vocabulary``); return the inputs neutralised, so that the batch runs to its synchronisation point.
 
-    ``positions`` are the dataset indices of the micro-batch's rows, ``number`` its global batch.
+    ``positions`` are the dataset indices of the micro-batch's rows.
     """
     checked = dict(inputs)
     for key, value in inputs.items():
         rows = nonfinite_rows(value) if isinstance(value, torch.Tensor) else []
         if rows:
-            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key, number), [positions[row] for row in rows])
+            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key), [positions[row] for row in rows])
             checked[key] = neutralise(value)
+    if data.token_vocabulary is not None:
+        key, vocabulary = data.token_vocabulary
+        ids = checked.get(key)
+        outside = (ids < 0) | (ids >= vocabulary) if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
+        rows = outside.flatten(1).any(1).nonzero().flatten().tolist() if outside is not None and outside.ndim >= 2 else []
+        if rows:
+            ledger.note(ValueError, _token_ids_message(data, key, vocabulary), [positions[row] for row in rows])
+            checked[key] = ids.masked_fill(outside, 0)
     return checked
 
 
-def _where(number: Optional[int]) -> str:
-    """Where bad samples are: positions in the data, and the global batch of a pass over indexed data (None: a
-    stream's first pass, whose batches are each process's own)."""
-    return "positions in that data" + (f"; batch {number}" if number is not None else "")
+#: where bad samples are: their positions in the user's data (never the fit's own batches, which the user never saw)
+_WHERE = "positions in that data, counted from 0 in the order the data give them"
 
 
-def nonfinite_inputs_message(data: CalibrationData, key: str, number: Optional[int]) -> str:
+def nonfinite_inputs_message(data: CalibrationData, key: str) -> str:
     return (
         f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {data.description} "
-        f"({_where(number)}). Calibrating or evaluating on them would give wrong "
+        f"({_WHERE}). Calibrating or evaluating on them would give wrong "
         "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
     )
 
 
-def nonfinite_outputs_message(data: CalibrationData, number: Optional[int], what: str) -> str:
+def _token_ids_message(data: CalibrationData, key: str, vocabulary: int) -> str:
+    return (f"input {key!r} holds token ids in sample(s) {SAMPLES} of {data.description} ({_WHERE}) "
+            f"{outside_vocabulary(vocabulary)}")
+
+
+def nonfinite_outputs_message(data: CalibrationData, what: str) -> str:
     source = "the calibrated model" if what.startswith("calibrated") else "the base model"
     return (
         f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {data.description} "
-        f"({_where(number)}), although their inputs are finite. "
+        f"({_WHERE}), although their inputs are finite. "
         "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
     )
 
 
-def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, number: Optional[int], what: str) -> None:
+def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: torch.Tensor, what: str) -> None:
     """Raise :class:`NonFiniteError` when gathered model outputs (``what``: logits, features) hold NaN or ±inf.
 
     ``rows`` are the same on every process (gathered), so every process raises alike.
@@ -127,12 +139,12 @@ def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: t
     bad = nonfinite_rows(rows)
     if bad:
         samples = describe_positions(positions.cpu()[bad].tolist())
-        raise NonFiniteError(nonfinite_outputs_message(data, number, what).replace(SAMPLES, samples))
+        raise NonFiniteError(nonfinite_outputs_message(data, what).replace(SAMPLES, samples))
 
 
-def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: torch.Tensor, positions: Sequence[int], number: int, what: str) -> bool:
+def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: torch.Tensor, positions: Sequence[int], what: str) -> bool:
     """Note one process's model outputs holding NaN or ±inf; True when there were some."""
     bad = nonfinite_rows(rows)
     if bad:
-        ledger.note(NonFiniteError, nonfinite_outputs_message(data, number, what), [positions[row] for row in bad])
+        ledger.note(NonFiniteError, nonfinite_outputs_message(data, what), [positions[row] for row in bad])
     return bool(bad)

@@ -6,17 +6,10 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from ..backbones import Backbone, Inputs
+from ..backbones import Backbone
 from ..backbones.preprocessing import describe_inputs, warn_if_not_declared
-from ..data import CalibrationData, PreparedData
+from ..data import CalibrationData
 from .engine import Engine
-
-
-def _first_inputs(data: CalibrationData) -> Inputs:
-    """The model inputs of the data's first sample, as a batch of one."""
-    if isinstance(data, PreparedData) and len(data) == 0:
-        raise ValueError("the calibration data is empty: at least one labelled sample is needed.")
-    return data.first_inputs()
 
 
 def probe(backbone: Backbone, data: CalibrationData, engine: Engine) -> Tuple[int, Tuple[int, ...]]:
@@ -25,7 +18,7 @@ def probe(backbone: Backbone, data: CalibrationData, engine: Engine) -> Tuple[in
     δ is shaped like one calibration input (for text: one word-embedding vector), whatever
     input size the model's config declares.
     """
-    inputs = engine.to_device(_first_inputs(data))
+    inputs = engine.to_device(data.first_inputs())
     num_classes = backbone.num_classes
     if num_classes is None:
         with torch.no_grad():
@@ -41,7 +34,7 @@ def input_contract(backbone: Backbone, data: CalibrationData, engine: Engine) ->
     See :mod:`hf_calibrate.backbones.preprocessing` for its keys.
     """
     options = engine.options
-    contract = describe_inputs(backbone, _first_inputs(data), preprocessor=options.preprocessor, max_length=options.max_length,
+    contract = describe_inputs(backbone, data.first_inputs(), preprocessor=options.preprocessor, max_length=options.max_length,
                                preprocessed_here=data.preprocessed_here)
     warn_if_not_declared(backbone, contract, options.preprocessor)
     return contract

@@ -23,7 +23,7 @@ from ..backbones import Inputs
 from ..data import StreamedData
 from ..data.batches import Batch, BatchBuilder, slice_batch
 from ..data.stream import batch_bytes
-from .faults import check_finite_outputs, note_nonfinite_inputs
+from .faults import check_finite_outputs, note_bad_inputs
 from .rows import RowBuffer, allocate
 
 #: rows each process sends per round of the final exchange
@@ -45,7 +45,7 @@ def scan_stream(
                                                 keep_inputs=keep_inputs, spill_dir=spill_dir)
     if engine.world > 1:
         rows, labels = _exchange(engine, indices, rows, labels, data.index.count, spill_dir)
-    check_finite_outputs(data, rows, torch.arange(data.index.count), None, what)
+    check_finite_outputs(data, rows, torch.arange(data.index.count), what)
     return rows, labels
 
 
@@ -88,7 +88,7 @@ def _forward(engine, data: StreamedData, compute, batch: Batch, seen: int, buffe
     for start in range(0, len(labels), size):
         stop = min(start + size, len(labels))
         part = {key: value[start:stop] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
-        part = note_nonfinite_inputs(engine.faults, data, engine.to_device(part), range(seen + start, seen + stop), None)
+        part = note_bad_inputs(engine.faults, data, engine.to_device(part), range(seen + start, seen + stop))
         with engine.autocast():
             buffer.append(compute(part).float())
     labels = labels.to(engine.device, copy=True)  # kept: the batch itself is rebuilt in place

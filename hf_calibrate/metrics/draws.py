@@ -15,7 +15,7 @@ import torch
 from .binned import calibration_error_from_statistics, equal_mass_statistics
 from .bootstrap import canonical_samples, resampled_ada_ece, resampled_metrics, resampled_smooth_ece
 from .functional import metrics_from_statistics
-from .interval_options import BIAS_SHIFTED_METRICS, PER_SAMPLE_METRICS
+from .interval_options import BIAS_SHIFTED_METRICS, PER_SAMPLE_METRICS, no_interval_reason
 from .smooth import smooth_ece_from_confidences
 
 
@@ -31,11 +31,13 @@ class Interval:
     Attributes:
         point: the metric on the samples as they are (unweighted), or the plain difference.
         low, high: the (1 − confidence)/2 and (1 + confidence)/2 quantiles of the replicates (for a
-            calibration error shifted by the bootstrap bias, low cut at 0); NaN only if every
-            replicate was empty (N tiny).
+            calibration error shifted by the bootstrap bias, low cut at 0); NaN (None in JSON) when
+            there is no interval: fewer than ``MIN_INTERVAL_SAMPLES`` samples or
+            ``MIN_INTERVAL_REPLICATES`` replicates (``reason`` says which), or every replicate empty.
         confidence: the nominal level, e.g. 0.95.
         replicates: the number of bootstrap replicates R drawn.
         seed: the seed of the weights (report it with the interval to make it reproducible).
+        reason: why there is no interval, or None.
 
     Example:
         >>> interval = Interval(point=0.05, low=0.03, high=0.08, confidence=0.95, replicates=1000, seed=0)
@@ -49,6 +51,7 @@ class Interval:
     confidence: float
     replicates: int
     seed: int
+    reason: Optional[str] = None
 
     def contains(self, value: float) -> bool:
         """Whether low ≤ value ≤ high."""
@@ -60,11 +63,10 @@ class Interval:
         return self.low > 0.0 or self.high < 0.0
 
     def to_dict(self) -> Dict[str, Any]:
-        """JSON-able form: floats (None for NaN) and ints."""
-        return {
-            "point": _json_float(self.point), "low": _json_float(self.low), "high": _json_float(self.high),
-            "confidence": self.confidence, "replicates": self.replicates, "seed": self.seed,
-        }
+        """JSON-able form: floats (None for NaN) and ints, and the ``reason`` when there is no interval."""
+        ends = {"point": _json_float(self.point), "low": _json_float(self.low), "high": _json_float(self.high)}
+        return {**ends, "confidence": self.confidence, "replicates": self.replicates, "seed": self.seed,
+                **({"reason": self.reason} if self.reason else {})}
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,12 @@ class Draws:
 
     Example:
         >>> import torch
-        >>> draws = Draws({"ece": 0.1}, {"ece": torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4], dtype=torch.float64)}, 5, 0)
+        >>> draws = Draws({"ece": 0.1}, {"ece": torch.linspace(0.0, 0.4, 101, dtype=torch.float64)}, 101, 0)
         >>> interval = draws.intervals(0.5)["ece"]  # quartiles 0.1, 0.3 shifted by the bias 0.2 − 0.1
         >>> round(interval.low, 12), round(interval.high, 12), (draws - draws).intervals(0.5)["ece"].high
         (0.0, 0.2, 0.0)
+        >>> Draws({"ece": 0.1}, {"ece": torch.zeros(101, dtype=torch.float64)}, 101, 0, samples=1).intervals(0.95)["ece"].reason
+        'no interval: 1 sample, fewer than the 30 an interval needs'
     """
 
     points: Dict[str, float]
@@ -84,6 +88,7 @@ class Draws:
     replicates: int
     seed: int
     difference: bool = False  # paired differences A − B (no lower bound of 0)
+    samples: Optional[int] = None  # the samples resampled (None: not known)
 
     def __sub__(self, other: "Draws") -> "Draws":
         """Paired differences self − other (same weights: same seed, replicates and samples)."""
@@ -94,11 +99,19 @@ class Draws:
             self.replicates,
             self.seed,
             difference=True,
+            samples=self.samples,
         )
 
     def intervals(self, confidence: float) -> Dict[str, Interval]:
         """Intervals at level ``confidence``, one per metric: percentile for the means, bias-shifted
-        percentile for the calibration errors (:data:`BIAS_SHIFTED_METRICS`; see :mod:`.intervals`' docstring)."""
+        percentile for the calibration errors (:data:`BIAS_SHIFTED_METRICS`; see :mod:`.intervals`' docstring);
+        none (NaN ends and the reason) below ``MIN_INTERVAL_SAMPLES`` samples or ``MIN_INTERVAL_REPLICATES``
+        replicates (:func:`~.interval_options.no_interval_reason`)."""
+        reason = no_interval_reason(self.samples, self.replicates)
+        if reason:
+            nan = float("nan")
+            return {name: Interval(point, nan, nan, confidence, self.replicates, self.seed, reason)
+                    for name, point in self.points.items()}
         tail = (1.0 - confidence) / 2.0
         levels = torch.tensor([tail, 1.0 - tail], dtype=torch.float64)
         result = {}
@@ -138,4 +151,5 @@ def draws_from_statistics(
     if "smooth_ece" in names:
         points["smooth_ece"] = smooth_ece_from_confidences(*canonical[:2])
         values["smooth_ece"] = resampled_smooth_ece(canonical, seed=seed, replicates=replicates)
-    return Draws({name: points[name] for name in names}, {name: values[name].cpu() for name in names}, replicates, seed)
+    return Draws({name: points[name] for name in names}, {name: values[name].cpu() for name in names}, replicates, seed,
+                 samples=int(width[0].sum()))

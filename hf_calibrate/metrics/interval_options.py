@@ -7,7 +7,7 @@ Shared by the one-shot functions of :mod:`.intervals` and the accumulator
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -26,6 +26,27 @@ ON_REQUEST_METRICS = ("smooth_ece",)
 PER_SAMPLE_METRICS = ("ada_ece", "smooth_ece")
 #: Calibration errors, biased upwards by resampling: their intervals are shifted by the bootstrap bias.
 BIAS_SHIFTED_METRICS = ("ece", "mce", "rms_ce", "ada_ece", "smooth_ece")
+#: Fewest samples behind an interval: a bootstrap of fewer resamples the same few rows, and its interval
+#: understates the spread (one sample gives an interval of zero width).
+MIN_INTERVAL_SAMPLES = 30
+#: Fewest replicates behind an interval: fewer cannot place the 2.5 % and 97.5 % quantiles of a 95 % interval
+#: (one replicate gives low = high).
+MIN_INTERVAL_REPLICATES = 100
+
+
+def no_interval_reason(samples: Optional[int], replicates: int) -> Optional[str]:
+    """Why ``replicates`` bootstrap replicates of ``samples`` samples (None: not known) give no interval, or None.
+
+    Example:
+        >>> no_interval_reason(1000, 1000) is None, no_interval_reason(1, 1000)
+        (True, 'no interval: 1 sample, fewer than the 30 an interval needs')
+    """
+    if samples is not None and samples < MIN_INTERVAL_SAMPLES:
+        noun = "sample" if samples == 1 else "samples"
+        return f"no interval: {samples} {noun}, fewer than the {MIN_INTERVAL_SAMPLES} an interval needs"
+    if replicates < MIN_INTERVAL_REPLICATES:
+        return f"no interval: {replicates} bootstrap replicates, fewer than the {MIN_INTERVAL_REPLICATES} an interval needs"
+    return None
 
 
 def check_replicates(value: Any, name: str = "replicates", *, allow_zero: bool = False) -> int:
@@ -40,6 +61,23 @@ def check_replicates(value: Any, name: str = "replicates", *, allow_zero: bool =
         what = "a non-negative integer (0 turns intervals off)" if allow_zero else "a positive integer"
         raise ValueError(f"{name} must be {what}, got {value!r}.")
     return int(value)
+
+
+def check_bootstrap(value: Any, name: str = "bootstrap") -> int:
+    """Replicates where a user asks for intervals: 0 (points only) or at least :data:`MIN_INTERVAL_REPLICATES`.
+
+    Example:
+        >>> check_bootstrap(0), check_bootstrap(1000)
+        (0, 1000)
+    """
+    replicates = check_replicates(value, name, allow_zero=True)
+    if 0 < replicates < MIN_INTERVAL_REPLICATES:
+        raise ValueError(
+            f"{name} must be 0 (points only) or at least {MIN_INTERVAL_REPLICATES} replicates, got {replicates}: fewer "
+            f"cannot place the 2.5 % and 97.5 % quantiles of a 95 % interval. Pass {name}=1000 (the default of "
+            f"evaluate) or 0."
+        )
+    return replicates
 
 
 def check_confidence(value: Any) -> float:

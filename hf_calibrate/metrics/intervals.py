@@ -13,7 +13,11 @@ mean), the percentile interval shifted by the bootstrap bias estimate b = mean(r
 contains the point whenever the replicates' mean lies between q₋ and q₊, where the plain
 percentile interval sits above a near-calibrated model's point in 10–33 % of test sets. The point
 estimate is always the unweighted metric, never a replicate mean. A replicate whose weights are
-all 0 (probability e^−N) has no metric and is left out.
+all 0 (probability e^−N) has no metric and is left out. **No degenerate intervals:** below
+:data:`MIN_INTERVAL_SAMPLES` samples or :data:`MIN_INTERVAL_REPLICATES` replicates there is no
+interval — NaN ends (None in JSON) and its ``reason`` — since one sample or one replicate gives
+low = high; where a user asks for intervals (``evaluate``, the ``evaluate`` modules, the CLI) a
+replicate count from 1 to 99 is refused.
 
 Example:
     >>> import torch
@@ -35,14 +39,17 @@ from ._checks import check_flag, check_n_bins, prepare_inputs
 from .binned import equal_width_statistics, top_label
 from .bootstrap import BLOCK_ELEMENTS, bootstrap_statistics, index_fingerprint, poisson_weights, resampled_metrics
 from .catalog import HIGHER_IS_BETTER
-from .draws import Draws, Interval, draws_from_statistics
+from .draws import Draws, Interval, _json_float, draws_from_statistics
 from .interval_options import (
     BIAS_SHIFTED_METRICS,
     DEFAULT_CONFIDENCE,
     DEFAULT_METRICS,
     DEFAULT_REPLICATES,
+    MIN_INTERVAL_REPLICATES,
+    MIN_INTERVAL_SAMPLES,
     ON_REQUEST_METRICS,
     PER_SAMPLE_METRICS,
+    check_bootstrap,
     check_confidence,
     check_metrics,
     check_replicates,
@@ -56,6 +63,8 @@ __all__ = [
     "BLOCK_ELEMENTS",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_METRICS",
+    "MIN_INTERVAL_REPLICATES",
+    "MIN_INTERVAL_SAMPLES",
     "DEFAULT_REPLICATES",
     "Draws",
     "HIGHER_IS_BETTER",
@@ -196,7 +205,9 @@ def interval_columns(
     """Flat ``{key}_low`` / ``{key}_high`` floats of the 95 % bootstrap interval of metric ``names[key]``.
 
     The columns the ``evaluate`` modules add with ``bootstrap=R`` (flat floats, as
-    ``evaluate.push_to_hub`` and leaderboards take them); ``replicates=0`` gives none.
+    ``evaluate.push_to_hub`` and leaderboards take them); ``replicates=0`` gives none, and R must
+    otherwise be at least 100 (as for ``evaluate``). On fewer than 30 samples the ends are None and
+    ``no_interval_reason`` says why (never an interval of zero width).
     ``options``: ``n_bins``, ``from_logits`` (see :func:`bootstrap_intervals`).
 
     Example:
@@ -204,11 +215,13 @@ def interval_columns(
         >>> sorted(columns), columns["acc_low"] < 0.5 < columns["acc_high"]
         (['acc_high', 'acc_low'], True)
     """
-    replicates, seed = check_replicates(replicates, "bootstrap", allow_zero=True), check_seed(seed)
+    replicates, seed = check_bootstrap(replicates), check_seed(seed)
     if not replicates:
         return {}
     intervals = bootstrap_intervals(probs, labels, metrics=list(names.values()), replicates=replicates, seed=seed, **options)
-    return {f"{key}_{end}": float(getattr(intervals[name], end)) for key, name in names.items() for end in ("low", "high")}
+    columns = {f"{key}_{end}": _json_float(getattr(intervals[name], end)) for key, name in names.items() for end in ("low", "high")}
+    reason = next((interval.reason for interval in intervals.values() if interval.reason), None)
+    return {**columns, **({"no_interval_reason": reason} if reason else {})}
 
 
 def verdict(difference: Interval, lower_is_better: bool = True) -> str:

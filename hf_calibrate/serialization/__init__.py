@@ -17,7 +17,7 @@ from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FI
 from .identity import hub_reference, repo_id_problem, weights_fingerprint
 from .loading import load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
 from .saving import file_sha256, list_files, owned_files, reading, recover_legacy_save, save_artifact
-from .schema import FORMAT_VERSION, RECORD_SCHEMA, RESAVE, ArtifactError, seal_record
+from .schema import FORMAT_VERSION, RECORD_SCHEMA, RESAVE, ArtifactError, UnverifiedArtifactWarning, seal_record
 
 __all__ = [
     "ArtifactError",
@@ -30,6 +30,7 @@ __all__ = [
     "JOURNAL_FILE",
     "RECORD_SCHEMA",
     "RESAVE",
+    "UnverifiedArtifactWarning",
     "file_sha256",
     "hub_reference",
     "list_files",

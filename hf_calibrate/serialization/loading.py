@@ -21,7 +21,8 @@ from ..backbones.loading import IMAGE_TASK, TEXT_TASK, auto_classes, load_timm_f
 from ..calibrators import Calibrator, calibrator_class
 from .files import BASE_FOLDER, CALIBRATION_CONFIG
 from .identity import weights_fingerprint
-from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, _fail, path_problem, validate_record
+from .._warnings import warn_user
+from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, UnverifiedArtifactWarning, _fail, path_problem, validate_record
 
 # Bounds of the calibration tensors, checked before anything is allocated.
 MAX_CALIBRATION_ELEMENTS = 2**30
@@ -33,8 +34,12 @@ MAX_ABS_VALUE = 1e6  # any other calibration tensor
 # ----------------------------------------------------------------------------- reading the record
 
 
-def read_record(root: Path) -> Dict[str, Any]:
-    """Parse ``calibration_config.json`` and check it (:func:`validate_record`) before anything is built."""
+def read_record(root: Path, *, allow_unverified: bool = False) -> Dict[str, Any]:
+    """Parse ``calibration_config.json`` and check it (:func:`validate_record`) before anything is built.
+
+    A format-1 record has no digests, so an edit of it cannot be detected: it is refused unless
+    ``allow_unverified``, and then loaded (with every other check) under an :class:`UnverifiedArtifactWarning`.
+    """
     path = root / CALIBRATION_CONFIG
     if not path.is_file():
         raise ArtifactError(
@@ -50,7 +55,24 @@ def read_record(root: Path) -> Dict[str, Any]:
     if not isinstance(record, dict):
         raise ArtifactError(f"{path} is not a JSON object; it is not an hf_calibrate record. {RESAVE}")
     validate_record(record, path)
+    if record["format_version"] < 2:
+        _check_unverified(path, allow_unverified)
     return record
+
+
+def _check_unverified(path: Path, allow_unverified: bool) -> None:
+    """Refuse a record written before digests, or (``allow_unverified``) warn that it is loaded unverified."""
+    seal = "re-save it with save_pretrained, which seals it (format 2) so that the next load is verified"
+    if not allow_unverified:
+        raise ArtifactError(
+            f"{path} is a format-1 record, written before records carried digests: nothing can prove it was not edited "
+            "(a changed label or temperature would load silently). If you trust the folder, pass "
+            f"allow_unverified=True to from_pretrained (its values are still checked against its tensors and base), then {seal}."
+        )
+    warn_user(
+        f"{path} was loaded unverified: it was written before digests (format 1), so edits to it cannot be detected; "
+        f"{seal}.", UnverifiedArtifactWarning,
+    )
 
 
 def safe_join(root: Path, name: str, *, what: str) -> Path:

@@ -157,10 +157,13 @@ class SavedParts:
     evaluation: Optional[Dict[str, Any]]
 
 
-def load_parts(root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any]) -> SavedParts:
+def load_parts(
+    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any], *, allow_unverified: bool = False
+) -> SavedParts:
     """The verified parts of the artifact in the local folder ``root`` (``base_model``: the base to use instead of the
-    saved one; ``hub_options``: token, cache_dir, local_files_only for a reference-only base)."""
-    record, calibrator, base, preprocessor = _load_verified(root, base_model, hub_options)
+    saved one; ``hub_options``: token, cache_dir, local_files_only for a reference-only base; ``allow_unverified``:
+    load a format-1 record, which has no digests, with a warning instead of refusing it)."""
+    record, calibrator, base, preprocessor = _load_verified(root, base_model, hub_options, allow_unverified)
     base_info = record["base_model"]
     id2label = {int(k): v for k, v in base_info["id2label"].items()}
     config = dict(
@@ -181,11 +184,11 @@ def load_parts(root: Path, base_model: Optional[nn.Module], hub_options: Dict[st
 
 
 def _load_verified(
-    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any]
+    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any], allow_unverified: bool
 ) -> Tuple[Dict[str, Any], Calibrator, nn.Module, Any]:
     """(record, calibrator, base, preprocessor) of the artifact in ``root``, each verified, under the folder's read lock."""
     with reading(root):
-        record = read_record(root)
+        record = read_record(root, allow_unverified=allow_unverified)
         calibrator = load_calibrator(root, record)
         base = base_model if base_model is not None else load_base(root, record, **hub_options)
         backbone = adapt(base, num_classes=calibrator.num_classes)

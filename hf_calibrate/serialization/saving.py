@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set
 
@@ -36,7 +37,6 @@ from .schema import (
     ArtifactError,
     _json_default,
     _path_list,
-    path_problem,
     record_digest,
     seal_record,
     validate_record,
@@ -74,9 +74,9 @@ def file_sha256(path: Path) -> str:
 
 # ----------------------------------------------------------------------------- which files are the library's
 
-#: Files a format-1 artifact (which had no manifest) may have written, by the base's library.
-_LEGACY_ROOT_FILES = (
-    CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json", CARD_FILE, DIAGRAM_FILE,
+#: Files a format-1 artifact (which had no manifest) may have written but need not have: the preprocessor's. A user
+#: may have put files of these names there, so they are never deleted, and a save over such a folder is refused.
+LEGACY_PREPROCESSOR_FILES = (
     "preprocessor_config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
     "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
@@ -85,40 +85,79 @@ _LEGACY_BASE_PATTERNS = ("config.json", "generation_config.json", "model.safeten
                          "model-*-of-*.safetensors")
 
 
+def _sealed_manifest(record: Any) -> Optional[List[str]]:
+    """The manifest of a record that still matches its digest, else None (format 1, unreadable or altered)."""
+    files = record.get("files") if isinstance(record, dict) else None
+    manifest = files.get("manifest") if isinstance(files, dict) else None
+    intact = isinstance(record, dict) and record.get(RECORD_DIGEST_KEY) == record_digest(record)
+    return manifest if intact and isinstance(manifest, list) and not _path_list(manifest) else None
+
+
 def owned_files(record: Any, exists: Callable[[str], bool], listing: Callable[[str], Iterable[str]]) -> Set[str]:
     """Relative paths of the files an artifact's own save wrote (not a user's), given its record.
 
     A format-2 record lists them (``files.manifest``), trusted only while the record matches its
-    digest. For a format-1 record, or an unreadable or altered one, they are the names format 1
-    wrote (``exists(path)`` filters them; ``listing(folder)`` lists a folder, for sharded base weights).
+    digest. For a format-1 record, or an unreadable or altered one, they are only the files every
+    format-1 save of that record wrote — the record, the calibration weights, ``config.json``, the
+    base's own files and (after an evaluation) the diagram — never the preprocessor's, which a user
+    may have put there (``exists(path)`` filters them; ``listing(folder)`` lists a folder, for sharded
+    base weights).
     """
-    files = record.get("files") if isinstance(record, dict) else None
-    manifest = files.get("manifest") if isinstance(files, dict) else None
-    intact = isinstance(record, dict) and record.get(RECORD_DIGEST_KEY) == record_digest(record)
-    if intact and isinstance(manifest, list) and not _path_list(manifest):
+    manifest = _sealed_manifest(record)
+    if manifest is not None:
         return set(manifest) | {CALIBRATION_CONFIG}
-    owned = {name for name in _LEGACY_ROOT_FILES if exists(name)}
-    weights = files.get("weights") if isinstance(files, dict) else None
-    if isinstance(weights, str) and not path_problem(weights) and exists(weights):
-        owned.add(weights)
-    library = record.get("base_model", {}).get("library") if isinstance(record, dict) and isinstance(record.get("base_model"), dict) else None
-    if library in ("timm", None) and exists("model.safetensors"):
-        owned.add("model.safetensors")  # format 1 wrote it for a timm base
-    base = files.get("base") if isinstance(files, dict) else BASE_FOLDER
-    if isinstance(base, str) and not path_problem(base):
-        owned |= {f"{base}/{name}" for name in listing(base) if any(fnmatch.fnmatch(name, p) for p in _LEGACY_BASE_PATTERNS)}
+    record = record if isinstance(record, dict) else {}
+    base = record.get("base_model") if isinstance(record.get("base_model"), dict) else {}
+    included = base.get("weights") == "included"
+    owned = {name for name in (CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json") if exists(name)}
+    if isinstance(record.get("evaluation"), dict) and record["evaluation"].get("reliability") and exists(DIAGRAM_FILE):
+        owned.add(DIAGRAM_FILE)
+    if included and base.get("library") == "timm" and exists("model.safetensors"):
+        owned.add("model.safetensors")
+    if included and base.get("library") == "transformers":
+        owned |= {f"{BASE_FOLDER}/{name}" for name in listing(BASE_FOLDER)
+                  if any(fnmatch.fnmatch(name, pattern) for pattern in _LEGACY_BASE_PATTERNS)}
     return owned
+
+
+def _read_folder_record(root: Path) -> Any:
+    """The record saved in ``root`` as JSON data (None when unreadable); not validated."""
+    try:
+        return json.loads((root / CALIBRATION_CONFIG).read_bytes()[:MAX_RECORD_BYTES].decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _unproven_files_kept(root: Path, staging: Path) -> Set[str]:
+    """Preprocessor files of an artifact without a sealed manifest (format 1, or an altered record) that the new
+    save writes byte for byte again (replacing them loses nothing); any other such file stops the save."""
+    if not os.path.lexists(root / CALIBRATION_CONFIG) or _sealed_manifest(_read_folder_record(root)) is not None:
+        return set()
+    present = [name for name in LEGACY_PREPROCESSOR_FILES if os.path.lexists(root / name)]
+    same = {name for name in present if _same_bytes(root / name, staging / name)}
+    unproven = [name for name in present if name not in same]
+    if unproven:
+        raise FileExistsError(
+            f"{root} holds a calibration saved without a manifest (format 1, or an altered record), so nothing proves "
+            f"that {', '.join(unproven)} were written by hf_calibrate rather than by you, and this save would replace "
+            "them or leave them beside the new artifact. Move them elsewhere (delete them if they are the old "
+            "calibration's own), or save to another folder."
+        )
+    return same
+
+
+def _same_bytes(existing: Path, staged: Path) -> bool:
+    """Whether ``existing`` is a plain file with exactly the bytes of the staged file ``staged``."""
+    if existing.is_symlink() or not existing.is_file() or not staged.is_file() or staged.is_symlink():
+        return False
+    return existing.stat().st_size == staged.stat().st_size and file_sha256(existing) == file_sha256(staged)
 
 
 def _owned_in_folder(root: Path) -> Set[str]:
     """:func:`owned_files` of the artifact saved in the local folder ``root`` (empty when it holds none)."""
-    path = root / CALIBRATION_CONFIG
-    if not os.path.lexists(path):
+    if not os.path.lexists(root / CALIBRATION_CONFIG):
         return set()
-    try:
-        record = json.loads(path.read_bytes()[:MAX_RECORD_BYTES].decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        record = None
+    record = _read_folder_record(root)
 
     def listing(folder: str) -> List[str]:
         directory = root / folder
@@ -286,7 +325,7 @@ def _prepare(root: Path, staging: Path, record: Dict[str, Any], *, keep_user_car
     if keep_user_card and _users_card(card):
         (staging / CARD_FILE).unlink(missing_ok=True)  # the user's own README.md stays
     written = [name for name in list_files(staging) if name != CALIBRATION_CONFIG] + [CALIBRATION_CONFIG]
-    owned = _owned_in_folder(root)
+    owned = _owned_in_folder(root) | _unproven_files_kept(root, staging)
     _check_collisions(root, written, owned)
     files = record["files"]
     files["manifest"] = sorted(written)
@@ -415,3 +454,16 @@ def _write_files(
     diagram = cards.write_diagram(staging, reliability) if reliability else None
     cards.render_card(record, repo_id=repo_id, diagram=diagram).save(staging / CARD_FILE)
     _step(f"staged {CARD_FILE}")
+    _give_new_file_mode(staging)
+
+
+def _give_new_file_mode(staging: Path) -> None:
+    """Give every staged file the mode the umask gives a new file (safetensors writes its files 0600)."""
+    probe = staging / ".hf_calibrate-mode-probe"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.unlink()
+    for relative in list_files(staging):
+        path = staging / relative
+        if not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            os.chmod(path, mode)

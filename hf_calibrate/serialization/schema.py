@@ -36,6 +36,10 @@ class ArtifactError(ValueError):
     """A saved calibration that cannot be loaded as it is; the message names the file and the fix."""
 
 
+class UnverifiedArtifactWarning(UserWarning):
+    """A format-1 record (written before digests) was loaded on request: nothing proves it is as it was saved."""
+
+
 def _fail(file: Any, key: str, problem: str, fix: str = RESAVE) -> NoReturn:
     raise ArtifactError(f"{file}: {key} {problem}; {fix}")
 
@@ -232,8 +236,12 @@ def _verdicts_follow(evaluation: Any) -> bool:
     differences = evaluation.get("difference") or {}
     for name, said in evaluation["verdicts"].items():
         interval = differences.get(name)
-        if not isinstance(interval, dict) or None in (interval.get("low"), interval.get("high")):
+        if not isinstance(interval, dict):
             return False
+        if None in (interval.get("low"), interval.get("high")):  # no interval (too few samples): nothing detected
+            if said != VERDICTS[2]:
+                return False
+            continue
         bounds = Interval(interval["point"], interval["low"], interval["high"], interval["confidence"], 0, 0)
         if said not in (verdict(bounds, name not in HIGHER_IS_BETTER), VERDICTS[2]):
             return False
@@ -248,11 +256,13 @@ def _verdicts(value: Any) -> Optional[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One key of the record: its check, the format version from which it is required, the fix."""
+    """One key of the record: its check, the format version from which it is required, the fix, and the format
+    version that introduced it (a record claiming an older format cannot hold it)."""
 
     check: Check
     required_since: Optional[int] = None  # None: optional in every version
     fix: str = RESAVE
+    since: int = 1
 
 
 _SPACES = ("pixel_values", "inputs_embeds", "input")
@@ -278,7 +288,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "calibrator.latent_dim": Field(_integer(1, 1_000_000)),
     "calibrator.samples": Field(_integer(1, 10_000)),
     "calibrator.prediction": Field(_choice("sample", "mean")),
-    "calibrator.shared_hidden": Field(_boolean),
+    "calibrator.shared_hidden": Field(_boolean, since=2),
     "options": Field(_json_object(), 1),
     "base_model": Field(_mapping, 1),
     "base_model.library": Field(_choice("timm", "transformers", "torch"), 1),
@@ -289,37 +299,37 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "base_model.num_labels": Field(_integer(1, MAX_CLASSES), 1),
     "base_model.id2label": Field(_label_map, 1),
     "base_model.fingerprint": Field(_optional(_text(71, _FINGERPRINT))),
-    "base_model.classifier": Field(_optional(_text(512))),
+    "base_model.classifier": Field(_optional(_text(512)), since=2),
     "input_contract": Field(_mapping),
     "input_contract.space": Field(_optional(_choice(*_SPACES))),
     "input_contract.shape": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS))),
-    "input_contract.input_size": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS))),
+    "input_contract.input_size": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS)), since=2),
     "input_contract.preprocessing": Field(_optional(_json_object())),
     "input_contract.preprocessing.max_length": Field(_optional(_integer(1, 10**12))),
     "preprocessing": Field(_optional(_json_object())),
     "fit": Field(_mapping, 1),
     "fit.summary": Field(_optional(_mapping)),
-    "fit.data_fingerprints": Field(_text_list(8, 64)),
+    "fit.data_fingerprints": Field(_text_list(8, 64), since=2),
     "evaluation": Field(_optional(_mapping)),
     "evaluation.dataset": Field(_text(1024)),
     "evaluation.split": Field(_optional(_text(256))),
-    "evaluation.in_sample": Field(_boolean),
-    "evaluation.calibration_dataset": Field(_optional(_text(1024))),
-    "evaluation.calibration_split": Field(_optional(_text(256))),
+    "evaluation.in_sample": Field(_optional(_boolean), since=2),
+    "evaluation.calibration_dataset": Field(_optional(_text(1024)), since=2),
+    "evaluation.calibration_split": Field(_optional(_text(256)), since=2),
     "evaluation.reliability": Field(_optional(_reliability)),
     "evaluation.uncalibrated": Field(_side_metrics),
     "evaluation.calibrated": Field(_side_metrics),
-    "evaluation.uncalibrated.intervals": Field(_intervals),
-    "evaluation.calibrated.intervals": Field(_intervals),
-    "evaluation.difference": Field(_intervals),
-    "evaluation.verdicts": Field(_verdicts),
-    "evaluation.bootstrap": Field(_bootstrap_settings),
+    "evaluation.uncalibrated.intervals": Field(_intervals, since=2),
+    "evaluation.calibrated.intervals": Field(_intervals, since=2),
+    "evaluation.difference": Field(_intervals, since=2),
+    "evaluation.verdicts": Field(_verdicts, since=2),
+    "evaluation.bootstrap": Field(_bootstrap_settings, since=2),
     "files": Field(_mapping, 1),
     "files.weights": Field(path_problem, 1),
     "files.base": Field(_optional(path_problem)),
-    "files.manifest": Field(_path_list, 2),
-    "files.sha256": Field(_sha256_map, 2),
-    RECORD_DIGEST_KEY: Field(_sha256, 2),
+    "files.manifest": Field(_path_list, 2, since=2),
+    "files.sha256": Field(_sha256_map, 2, since=2),
+    RECORD_DIGEST_KEY: Field(_sha256, 2, since=2),
 }
 
 
@@ -345,7 +355,8 @@ def _check_version(record: Any, file: Any) -> int:
 
 
 def validate_record(record: Any, file: Any) -> None:
-    """Check ``record`` against :data:`RECORD_SCHEMA`, the cross-field rules and (format 2) its digest."""
+    """Check ``record`` against :data:`RECORD_SCHEMA`, the cross-field rules and (format 2) its digest; a record
+    holding a key of a newer format than it claims (:attr:`Field.since`) is refused as tampered."""
     version = _check_version(record, file)
     for key, field in RECORD_SCHEMA.items():
         present, value = _lookup(record, key)
@@ -353,6 +364,9 @@ def validate_record(record: Any, file: Any) -> None:
             if field.required_since is not None and version >= field.required_since:
                 _fail(file, f"key {key!r}", "is missing", field.fix)
             continue
+        if field.since > version:
+            _fail(file, f"key {key!r}", f"exists only from format {field.since} on, but the record claims format {version}: "
+                  "it was edited to look older (which would skip its digest checks), and edited records are not loaded")
         problem = field.check(value)
         if problem:
             _fail(file, f"key {key!r}", f"{problem}, found {_shown(value)}", field.fix)

@@ -93,6 +93,22 @@ def test_text_delta_touches_every_non_padding_token_only(bert_model):
         assert torch.allclose(backbone.logits({"input_ids": input_ids}, delta), unmasked, atol=1e-6)
 
 
+@pytest.mark.parametrize("bad_id", [50, 10**6, -1])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_token_ids_outside_the_vocabulary_are_named_with_the_fix(bert_model, bad_id, with_delta):
+    """An id the embedding has no row for is refused at the boundary (before the model's own
+    'IndexError: index out of range in self'), naming the id, the vocabulary and the fix; the last valid id passes."""
+    backbone = adapt(bert_model)
+    delta = torch.zeros(16) if with_delta else None
+    with torch.no_grad():
+        assert backbone.logits({"input_ids": torch.tensor([[2, 49, 3]])}, delta).shape == (1, 3)
+        with pytest.raises(ValueError) as error:
+            backbone.logits({"input_ids": torch.tensor([[2, 5, 3], [2, bad_id, 3]])}, delta)
+    message = str(error.value)
+    assert f"token id {bad_id}," in message and "vocabulary of 50 tokens (ids 0 to 49)" in message
+    assert "model's own tokenizer" in message
+
+
 def test_delta_shape_mismatch_says_the_expected_shape(timm_model, bert_model):
     with pytest.raises(ValueError, match=r"δ has shape \(3, 16, 16\).*per-sample shape \(3, 32, 32\).*input_size"):
         adapt(timm_model).logits({"pixel_values": torch.randn(1, 3, 32, 32)}, torch.zeros(3, 16, 16))

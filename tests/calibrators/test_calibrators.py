@@ -489,6 +489,17 @@ def test_unknown_methods_and_options_are_named():
     }
 
 
+def test_every_float_option_is_bounded_where_options_are_checked():
+    """The shared check bounds every float option (any method's, through its declared type) by what a fit can use;
+    the bound itself is accepted, the next float above it is not."""
+    from hf_calibrate.calibrators.base import MAX_FLOAT_OPTION, check_option_types
+
+    check_option_types(NeuralClamping.Options, {"lr": MAX_FLOAT_OPTION, "gamma": [MAX_FLOAT_OPTION]})
+    for name, value in (("lr", 1e308), ("lr", np.nextafter(MAX_FLOAT_OPTION, np.inf)), ("gamma", [1.0, -1e7])):
+        with pytest.raises(ValueError, match=f"option {name} must be .*a finite number of magnitude at most 1e\\+06"):
+            check_option_types(NeuralClamping.Options, {name: value})
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -128,7 +128,7 @@ def test_evaluations_of_a_stream_equal_the_map_style_ones(cnn, digits_cnn, image
         for side in ("uncalibrated", "calibrated"):
             assert _flat(got[side]) == pytest.approx(_flat(want[side]), rel=1e-5, abs=1e-7), side
         assert got["verdicts"] == want["verdicts"]
-    with pytest.raises(ValueError, match="yielded nothing: it is empty, or a one-shot iterator that an earlier call already read"):
+    with pytest.raises(ValueError, match="yielded nothing: they are empty, or a one-shot iterator that an earlier call already read"):
         calibrated.evaluate(generator, progress=False)
 
 

@@ -41,6 +41,25 @@ def _with(data: TensorDataset, *, pixel: Tuple[int, float] = None, label: Tuple[
     return TensorDataset(pixels, labels)
 
 
+def _token_rows(bad_at: int) -> object:
+    """16 rows of token ids for a 50-token BERT, the id 50 (outside its vocabulary) in row ``bad_at``."""
+    import datasets
+
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 50, (16, 6), generator=generator)
+    ids[bad_at, 2] = 50
+    return datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": torch.randint(0, 3, (16,), generator=generator).tolist()})
+
+
+def _tiny_bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        num_labels=3, pad_token_id=0)
+    return BertForSequenceClassification(config).eval()
+
+
 def _scenarios() -> Dict[str, Callable[[], object]]:
     model = tiny_timm(0)
     clean = image_data(model, 16, seed=1)
@@ -51,6 +70,7 @@ def _scenarios() -> Dict[str, Callable[[], object]]:
             model, _with(clean, pixel=(ON_RANK_0, float("inf"))), method="neural_clamping", epochs=1, holdout_fraction=0.0, **OPTIONS),
         "evaluate_nan_on_rank_1": lambda: calibrated.evaluate(_with(clean, pixel=(ON_RANK_1, float("nan"))), **OPTIONS),
         "evaluate_label_on_rank_1": lambda: calibrated.evaluate(_with(clean, label=(ON_RANK_1, NUM_CLASSES + 5)), **OPTIONS),
+        "fit_token_id_on_rank_1": lambda: CalibratedModel.fit(_tiny_bert(), _token_rows(ON_RANK_1), method="temperature", **OPTIONS),
     }
 
 
@@ -79,6 +99,8 @@ def test_every_process_raises_the_same_error_for_data_only_one_holds(tmp_path):
         assert f"sample(s) {sample} " in message and "remove or impute" in message, (name, message)
     kind, message = outcomes["evaluate_label_on_rank_1"]
     assert kind == "ValueError" and "labels do not match the model" in message, message
+    kind, message = outcomes["fit_token_id_on_rank_1"]  # issue 31: was an IndexError on rank 1 alone, rank 0 left waiting
+    assert kind == "ValueError" and f"holds token ids in sample(s) {ON_RANK_1} " in message and "vocabulary of 50" in message, message
 
 
 if __name__ == "__main__":

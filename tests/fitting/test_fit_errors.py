@@ -36,6 +36,32 @@ def test_labels_outside_the_models_labels(cnn):
         CalibratedModel.fit(cnn, bad, method="temperature", progress=False)
 
 
+def test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch(cnn):
+    """A NaN at sample 37 of a DataLoader(batch_size=25) lies in the user's batch 1; the fit batches by its own
+    indices, so naming "its" batch (0) would point at the wrong rows: the sample's position alone is named."""
+    from torch.utils.data import DataLoader
+
+    generator = torch.Generator().manual_seed(0)
+    pixels, labels = torch.randn(60, 3, 16, 16, generator=generator), torch.randint(0, 3, (60,), generator=generator)
+    pixels[37, 0, 2, 2] = float("nan")
+    with pytest.raises(ValueError) as error:
+        CalibratedModel.fit(cnn, DataLoader(TensorDataset(pixels, labels), batch_size=25), method="temperature", progress=False)
+    message = str(error.value)
+    assert "sample(s) 37 of DataLoader(TensorDataset, 60 samples) (positions in that data" in message
+    assert "batch" not in message
+
+
+def test_evaluation_errors_do_not_call_the_data_calibration_data(cnn, data):
+    """evaluate's data are not calibration data: its label and emptiness errors name "the data"."""
+    calibrated = CalibratedModel.fit(cnn, data, method="temperature", progress=False)
+    bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 7, 0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"^the data's labels do not match the model: label 7 is outside") as error:
+        calibrated.evaluate(bad, bootstrap=0, progress=False)
+    with pytest.raises(ValueError, match=r"^the data \(TensorDataset\) hold no samples") as empty:
+        calibrated.evaluate(TensorDataset(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.long)), progress=False)
+    assert "calibration" not in str(error.value) + str(empty.value)
+
+
 def test_float_labels_are_refused(cnn):
     bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.zeros(8))
     with pytest.raises(ValueError, match="integer class indices"):
@@ -88,13 +114,18 @@ def test_inputs_on_another_device(cnn, data):
         calibrated(torch.empty(1, 3, 16, 16, device="meta"))
 
 
-def test_nan_loss_aborts_and_leaves_the_model_as_it_was(cnn, data):
+def test_nan_loss_aborts_and_leaves_the_model_as_it_was(cnn, data, monkeypatch):
+    """A loss that turns NaN mid-fit (forced here: lr=1e30, which drove it there before, is now refused as an option)."""
+    import hf_calibrate.fitting.neural_clamping as nc_fitting
+
+    real_focal_loss = nc_fitting.focal_loss
+    monkeypatch.setattr(nc_fitting, "focal_loss", lambda *args, **kwargs: real_focal_loss(*args, **kwargs) * float("nan"))
     cnn.train()
     cnn.fc.weight.requires_grad_(True)
     flags = [p.requires_grad for p in cnn.parameters()]
     before = weights_fingerprint(cnn)
     with pytest.raises(FloatingPointError, match="loss became (nan|inf).*Lower lr.*left unchanged"):
-        CalibratedModel.fit(cnn, data, method="neural_clamping", epochs=3, lr=1e30, batch_size=20, holdout_fraction=0, progress=False)
+        CalibratedModel.fit(cnn, data, method="neural_clamping", epochs=3, batch_size=20, holdout_fraction=0, progress=False)
     assert weights_fingerprint(cnn) == before
     assert [p.requires_grad for p in cnn.parameters()] == flags
     assert cnn.training  # its mode is restored too

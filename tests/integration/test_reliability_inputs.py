@@ -78,7 +78,8 @@ def test_nonfinite_input_is_refused_naming_the_sample_and_the_fix(cnn, clean, me
     before, flags = weights_fingerprint(cnn), [p.requires_grad for p in cnn.parameters()]
     with pytest.raises(ValueError) as error:
         fit(cnn, TensorDataset(pixels, labels), method)
-    assert_names(error, "input 'pixel_values'", f"sample(s) {BAD_SAMPLE} ", "batch 1", "remove or impute these samples")
+    assert_names(error, "input 'pixel_values'", f"sample(s) {BAD_SAMPLE} ", "positions in that data", "remove or impute these samples")
+    assert "batch" not in str(error.value)  # the fit's own batches mean nothing to the user (issue 31)
     assert weights_fingerprint(cnn) == before and [p.requires_grad for p in cnn.parameters()] == flags
 
 
@@ -114,7 +115,7 @@ def test_model_emitting_nonfinite_logits_is_refused(method):
 @pytest.mark.parametrize("call", ["fit", "evaluate"])
 def test_every_bad_sample_of_a_batch_is_named_across_micro_batches(call):
     """Samples 16 and 30 lie in batch 1 (16 samples), in different micro-batches of 4: both are named,
-    once, with batch 1 — not only the first micro-batch's, read ahead while batch 0 ended."""
+    once — not only the first micro-batch's, read ahead while batch 0 ended — by their positions in the data."""
     from _tiny_models import plain_data, plain_module
 
     module = plain_module()
@@ -126,7 +127,7 @@ def test_every_bad_sample_of_a_batch_is_named_across_micro_batches(call):
             CalibratedModel.fit(module, TensorDataset(x, y), method="temperature", **options)
         else:
             fit(module, plain_data(module), "temperature").evaluate(TensorDataset(x, y), **options)
-    assert_names(error, "sample(s) 16, 30 ", "batch 1)")
+    assert_names(error, "sample(s) 16, 30 ", "(positions in that data")
 
 @pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize("method", LOGIT_METHODS)
@@ -198,6 +199,12 @@ BAD_FIT_OPTIONS = [
     ("mac_cal", {"controller_gain": "1"}, "controller_gain"),
     ("mac_cal", {"initial_retention": "0.9"}, "initial_retention"),
     ("mac_cal", {"init_from_base": "no"}, "init_from_base"),
+    ("neural_clamping", {"lr": 1e308}, "lr"),  # issue 31: passed the check, then overflowed in torch
+    ("neural_clamping", {"gamma": [1.0, 1e300]}, "gamma"),
+    ("neural_clamping", {"delta_init_scale": 1e300}, "delta_init_scale"),
+    ("tst", {"lr": 1e308}, "lr"),
+    ("matrix", {"l2": 1e300}, "l2"),
+    ("mac_cal", {"controller_gain": -1e300}, "controller_gain"),
 ]
 
 

@@ -215,13 +215,13 @@ def interval_keys(keys) -> set:
 @pytest.mark.parametrize(("name", "kwargs", "metric_of"), INTERVAL_CASES)
 def test_bootstrap_adds_the_flat_intervals_of_bootstrap_intervals(name, kwargs, metric_of):
     probs, labels, _ = random_probs(seed=3)
-    result = load(name).compute(predictions=probs, references=labels, bootstrap=50, seed=7, **kwargs)
+    result = load(name).compute(predictions=probs, references=labels, bootstrap=100, seed=7, **kwargs)
     plain = REFERENCE[name](probs, labels, **kwargs)
     assert set(result) == set(plain) | interval_keys(metric_of)
     assert {key: result[key] for key in plain} == plain  # the values themselves are unchanged
     n_bins = {key: value for key, value in kwargs.items() if key == "n_bins"}
     want = metrics.bootstrap_intervals(
-        probs, labels, metrics=list(metric_of.values()), replicates=50, seed=7, **n_bins
+        probs, labels, metrics=list(metric_of.values()), replicates=100, seed=7, **n_bins
     )
     for key, metric in metric_of.items():
         assert want[metric].point == pytest.approx(result[key], abs=1e-12)  # the right metric
@@ -233,8 +233,8 @@ def test_bootstrap_adds_the_flat_intervals_of_bootstrap_intervals(name, kwargs, 
 @pytest.mark.parametrize("name", BOOTSTRAP_NAMES)
 def test_bootstrap_from_logits_and_batches(name):
     _, labels, logits = random_probs(seed=4)
-    result = load(name).compute(predictions=logits, references=labels, from_logits=True, bootstrap=30, seed=2)
-    want = metrics.bootstrap_intervals(logits, labels, replicates=30, seed=2, from_logits=True)
+    result = load(name).compute(predictions=logits, references=labels, from_logits=True, bootstrap=100, seed=2)
+    want = metrics.bootstrap_intervals(logits, labels, replicates=100, seed=2, from_logits=True)
     keys = set(result) - set(REFERENCE[name](logits, labels, from_logits=True))
     assert keys and keys <= interval_keys(want)
     for key in keys:
@@ -243,7 +243,7 @@ def test_bootstrap_from_logits_and_batches(name):
     batched = load(name)
     for start, stop in [(0, 100), (100, len(labels))]:
         batched.add_batch(predictions=logits[start:stop], references=labels[start:stop])
-    assert batched.compute(from_logits=True, bootstrap=30, seed=2) == result
+    assert batched.compute(from_logits=True, bootstrap=100, seed=2) == result
 
 
 @pytest.mark.parametrize("data_seed", range(4))
@@ -280,14 +280,27 @@ def test_bootstrap_zero_is_the_default_output(name):
         ({"bootstrap": 100.0}, "bootstrap must be a non-negative integer.*got 100.0"),
         ({"bootstrap": -1}, "bootstrap must be a non-negative integer.*got -1"),
         ({"bootstrap": "1000"}, "bootstrap must be a non-negative integer.*got '1000'"),
-        ({"bootstrap": 10, "seed": 1.5}, "seed must be an integer, got 1.5"),
+        ({"bootstrap": 1}, "bootstrap must be 0 .points only. or at least 100 replicates, got 1"),
+        ({"bootstrap": 99}, "bootstrap must be 0 .points only. or at least 100 replicates, got 99"),
+        ({"bootstrap": 100, "seed": 1.5}, "seed must be an integer, got 1.5"),
         ({"seed": False}, "seed must be an integer, got False"),
     ],
-    ids=["bootstrap-bool", "bootstrap-float", "bootstrap-negative", "bootstrap-str", "seed-float", "seed-bool"],
+    ids=["bootstrap-bool", "bootstrap-float", "bootstrap-negative", "bootstrap-str", "bootstrap-1", "bootstrap-99",
+         "seed-float", "seed-bool"],
 )
 def test_bad_bootstrap_or_seed_gives_a_clear_value_error(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
         load(name, will_fail=True).compute(predictions=[[0.3, 0.7], [0.6, 0.4]], references=[1, 0], **kwargs)
+
+
+@pytest.mark.parametrize("name", BOOTSTRAP_NAMES)
+def test_too_few_samples_give_no_interval_and_say_why(name):
+    """One sample (as the probe fed the ece module) would give low = high: the ends are None and the reason is given,
+    as evaluate() does; the values themselves are still computed."""
+    result = load(name).compute(predictions=[[0.3, 0.7]], references=[1], bootstrap=1000)
+    ends = {key: value for key, value in result.items() if key.endswith(("_low", "_high"))}
+    assert ends and all(value is None for value in ends.values())
+    assert result["no_interval_reason"] == "no interval: 1 sample, fewer than the 30 an interval needs"
 
 
 @pytest.mark.parametrize(("binning", "norm"), [("equal_mass", "l2"), ("equal_mass", "max")])
@@ -301,7 +314,7 @@ def test_ece_interval_of_an_unsupported_combination_is_refused(binning, norm):
     )
     with pytest.raises(ValueError, match=message):
         load("ece", will_fail=True).compute(
-            predictions=probs, references=labels, binning=binning, norm=norm, bootstrap=10
+            predictions=probs, references=labels, binning=binning, norm=norm, bootstrap=100
         )
 
 

@@ -48,7 +48,7 @@ def make_data() -> Tuple[torch.Tensor, torch.Tensor]:
 
 # Bootstrap (docs/design.md §2, "Intervals"): few replicates suffice to compare; smECE costs one
 # bandwidth search per replicate, so it runs in one scenario only (the strided shards).
-BOOTSTRAP = {"bootstrap": 12, "seed": 5}
+BOOTSTRAP = {"bootstrap": 100, "seed": 5}  # the fewest replicates that give intervals (MIN_INTERVAL_REPLICATES)
 INTERVAL_METRICS = ["accuracy", "ece", "mce", "rms_ce", "ada_ece", "nll", "brier"]
 PER_SAMPLE = ("ada_ece", "smooth_ece")
 

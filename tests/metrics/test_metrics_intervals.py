@@ -35,16 +35,19 @@ from hf_calibrate.metrics.functional import (
     weighted_equal_mass_statistics,
 )
 from hf_calibrate.metrics.bootstrap import _THRESHOLDS
+from hf_calibrate.metrics.draws import Draws
 from hf_calibrate.metrics.intervals import (
     DEFAULT_METRICS,
     DEFAULT_REPLICATES,
+    MIN_INTERVAL_REPLICATES,
+    MIN_INTERVAL_SAMPLES,
     _one_shot_draws,
     index_fingerprint,
     poisson_weights,
 )
 
 SETTINGS = settings()  # the profile of conftest.py (derandomised under ci)
-R = 64  # replicates in the property tests: enough to exercise every path, cheap
+R = 100  # replicates in the property tests: the fewest an interval takes (MIN_INTERVAL_REPLICATES), cheap
 MEAN_METRICS = ("accuracy", "nll", "brier")  # means of per-sample values
 BINNED_METRICS = ("ece", "mce", "rms_ce", "ada_ece")
 
@@ -65,9 +68,11 @@ def as_pairs(intervals: Dict[str, Interval]) -> Dict[str, Tuple[float, float, fl
 
 
 def assert_close(got: Dict[str, Interval], want: Dict[str, Interval], tol: float = 1e-12) -> None:
+    """The same metrics with the same points and ends (to ``tol``), or the same absence of an interval."""
     assert got.keys() == want.keys()
     for name in want:
-        for field in ("point", "low", "high"):
+        assert got[name].reason == want[name].reason, name
+        for field in ("point",) if want[name].reason else ("point", "low", "high"):
             a, b = getattr(got[name], field), getattr(want[name], field)
             assert a == pytest.approx(b, rel=tol, abs=tol), (name, field, a, b)
 
@@ -187,7 +192,10 @@ def test_interval_contains_the_point_for_means(data, seed: int) -> None:
     assert tuple(intervals) == DEFAULT_METRICS
     for name, interval in intervals.items():
         assert (interval.replicates, interval.seed, interval.confidence) == (R, seed, 0.95)
-        assert interval.low <= interval.high, name
+        if len(labels) < MIN_INTERVAL_SAMPLES:  # no interval rather than a degenerate one
+            assert math.isnan(interval.low) and math.isnan(interval.high) and f"{len(labels)} sample" in interval.reason
+            continue
+        assert interval.low <= interval.high and interval.reason is None, name
         if name in MEAN_METRICS:
             assert interval.low - 1e-12 <= interval.point <= interval.high + 1e-12, name
         else:
@@ -301,40 +309,56 @@ def test_verdict_rule(low: float, high: float, lower_is_better: bool, want: str)
 
 
 def test_interval_is_reported_with_its_replicates_and_seed() -> None:
-    found = bootstrap_intervals(*calibrated(200, 0), replicates=50, seed=9, confidence=0.9)
+    found = bootstrap_intervals(*calibrated(200, 0), replicates=100, seed=9, confidence=0.9)
     record = json.loads(json.dumps({name: interval.to_dict() for name, interval in found.items()}))
     ece = found["ece"]
-    assert record["ece"] == {"point": ece.point, "low": ece.low, "high": ece.high, "confidence": 0.9, "replicates": 50, "seed": 9}
+    assert record["ece"] == {"point": ece.point, "low": ece.low, "high": ece.high, "confidence": 0.9, "replicates": 100, "seed": 9}
     assert DEFAULT_REPLICATES == 1000
     assert bootstrap_intervals(*calibrated(50, 0), metrics=["nll"])["nll"].replicates == DEFAULT_REPLICATES
-    narrower = bootstrap_intervals(*calibrated(200, 0), replicates=50, seed=9, confidence=0.5)["nll"]
+    narrower = bootstrap_intervals(*calibrated(200, 0), replicates=100, seed=9, confidence=0.5)["nll"]
     assert found["nll"].low <= narrower.low <= narrower.high <= found["nll"].high
 
 
-def test_empty_replicates_are_left_out() -> None:
-    """With N = 1 a replicate is empty with probability e⁻¹; if all are, the interval is NaN (None in JSON)."""
+def test_too_few_samples_or_replicates_give_no_interval_never_a_degenerate_one() -> None:
+    """One sample (every replicate repeats it: low = high = point) or one replicate would give an interval of zero
+    width: below 30 samples or 100 replicates there is none, its ends NaN (None in JSON) and its reason given."""
     probs, labels = torch.tensor([[0.8, 0.2]]), torch.tensor([0])
+    one_sample = bootstrap_intervals(probs, labels, metrics=["ece", "ada_ece"], replicates=1000)
+    paired = paired_bootstrap_intervals(probs, probs * 0.5 + 0.25, labels, metrics=["ece"], replicates=1000)
+    for interval in (*one_sample.values(), *paired.values()):
+        assert math.isnan(interval.low) and math.isnan(interval.high) and not interval.excludes_zero
+        assert interval.to_dict()["low"] is None and interval.to_dict()["reason"] == "no interval: 1 sample, fewer than the 30 an interval needs"
+    assert verdict(paired["ece"]) == "no detectable change at this test size"
+    assert one_sample["ece"].point == pytest.approx(0.2)  # the point is still given
+    enough = calibrated(MIN_INTERVAL_SAMPLES, 0)
+    assert bootstrap_intervals(*enough, metrics=["nll"], replicates=MIN_INTERVAL_REPLICATES)["nll"].reason is None
+    few = bootstrap_intervals(*enough, metrics=["nll"], replicates=MIN_INTERVAL_REPLICATES - 1)["nll"]
+    assert math.isnan(few.high) and few.reason.startswith("no interval: 99 bootstrap replicates")
+    below = bootstrap_intervals(*calibrated(MIN_INTERVAL_SAMPLES - 1, 0), metrics=["nll"], replicates=1000)["nll"]
+    assert math.isnan(below.low) and "29 samples" in below.reason
+
+
+def test_empty_replicates_are_left_out() -> None:
+    """A replicate whose weights are all 0 has no metric; if all are, the interval is NaN (None in JSON)."""
     weights = poisson_weights(0, torch.arange(100), torch.tensor([0])).flatten()
-    assert 10 < int((weights == 0).sum()) < 60
-    interval = bootstrap_intervals(probs, labels, metrics=["ece"], replicates=100)["ece"]
-    assert interval.low == pytest.approx(0.2) and interval.high == pytest.approx(0.2)
-    seed = next(s for s in range(100) if float(poisson_weights(s, torch.arange(1), torch.tensor([0]))) == 0.0)
-    empty = bootstrap_intervals(probs, labels, metrics=["ece", "ada_ece"], replicates=1, seed=seed)
-    assert math.isnan(empty["ece"].low) and empty["ece"].to_dict()["low"] is None and empty["ada_ece"].to_dict()["high"] is None
+    assert 10 < int((weights == 0).sum()) < 60  # N = 1: a replicate is empty with probability e⁻¹
+    empty = Draws({"ece": 0.1}, {"ece": torch.full((100,), float("nan"), dtype=torch.float64)}, 100, 0, samples=100)
+    interval = empty.intervals(0.95)["ece"]
+    assert math.isnan(interval.low) and interval.to_dict()["high"] is None and interval.reason is None
 
 
 def test_smooth_ece_intervals_streaming_and_paired() -> None:
     """smECE on request: one bandwidth search per replicate, the same in streaming as one-shot."""
     probs, labels = calibrated(150, 3)
-    want = bootstrap_intervals(probs, labels, metrics=["smooth_ece", "ece"], replicates=6, seed=2)
+    want = bootstrap_intervals(probs, labels, metrics=["smooth_ece", "ece"], replicates=100, seed=2)
     assert want["smooth_ece"].low <= want["smooth_ece"].high
-    stream = CalibrationMetrics(4, bootstrap=6, seed=2)
+    stream = CalibrationMetrics(4, bootstrap=100, seed=2)
     for start in range(0, 150, 40):
         stream.update(probs[start : start + 40], labels[start : start + 40])
     got = stream.intervals(metrics=["smooth_ece", "ece"])
     assert as_pairs(got)["smooth_ece"] == as_pairs(want)["smooth_ece"]
     assert_close(got, want)
-    assert as_pairs(paired_bootstrap_intervals(probs, probs, labels, metrics=["smooth_ece"], replicates=3)) == {
+    assert as_pairs(paired_bootstrap_intervals(probs, probs, labels, metrics=["smooth_ece"], replicates=100)) == {
         "smooth_ece": (0.0, 0.0, 0.0)
     }
 
@@ -353,7 +377,8 @@ def test_streaming_equals_one_shot_over_any_batch_split(data, cuts: List[int], s
     want = bootstrap_intervals(probs, labels, n_bins=n_bins, replicates=R, seed=seed)
     got = stream.intervals()
     assert_close(got, want)
-    assert as_pairs(got)["ada_ece"] == as_pairs(want)["ada_ece"]  # same canonical sequence: to the last bit
+    if want["ada_ece"].reason is None:
+        assert as_pairs(got)["ada_ece"] == as_pairs(want)["ada_ece"]  # same canonical sequence: to the last bit
     assert stream.compute()["intervals"] == {
         name: interval.to_dict() for name, interval in stream.intervals(confidence=0.95).items()
     }
@@ -398,16 +423,16 @@ def test_state_is_independent_of_the_number_of_samples() -> None:
 def test_streaming_paired_intervals() -> None:
     probs, labels = calibrated(600, 7)
     overconfident = torch.softmax(probs.log() * 3.0, dim=1)
-    a, b, same = (CalibrationMetrics(4, bootstrap=80, seed=1) for _ in range(3))
+    a, b, same = (CalibrationMetrics(4, bootstrap=100, seed=1) for _ in range(3))
     for start in range(0, 600, 100):
         rows = slice(start, start + 100)
         a.update(probs[rows], labels[rows])
         b.update(overconfident[rows], labels[rows])
         same.update(probs[rows], labels[rows])
-    want = paired_bootstrap_intervals(probs, overconfident, labels, replicates=80, seed=1)
+    want = paired_bootstrap_intervals(probs, overconfident, labels, replicates=100, seed=1)
     assert_close(paired_intervals(a, b), want, tol=1e-11)
     assert all(values == (0.0, 0.0, 0.0) for values in as_pairs(paired_intervals(a, same)).values())
-    lean = CalibrationMetrics(4, bootstrap=80, seed=1, adaptive=False)
+    lean = CalibrationMetrics(4, bootstrap=100, seed=1, adaptive=False)
     lean.update(overconfident, labels)
     assert sorted(paired_intervals(a, lean)) == sorted(set(DEFAULT_METRICS) - {"ada_ece"})
 

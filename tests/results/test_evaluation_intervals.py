@@ -15,6 +15,7 @@ from _results import flat
 
 import _tiny_models as tm
 from hf_calibrate.evaluation import INTERVAL_METRICS
+from hf_calibrate.metrics.intervals import MIN_INTERVAL_SAMPLES
 from hf_calibrate.metrics import bootstrap_intervals, paired_bootstrap_intervals, smooth_calibration_error
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -93,15 +94,25 @@ def test_bootstrap_zero_gives_points_only(scored):
     assert "intervals" not in evaluation["calibrated"] and "smooth_ece" in evaluation["calibrated"]
 
 
-def test_too_few_test_samples_give_no_verdict_but_their_intervals(scored):
-    """One sample: every replicate resamples it, so each interval has zero width; no verdict may rest on that."""
+@pytest.mark.parametrize("samples", [1, MIN_INTERVAL_SAMPLES - 1])
+def test_too_few_test_samples_give_no_interval_and_no_verdict(scored, samples, tmp_path):
+    """One sample: every replicate resamples it, so an interval would have zero width (the probe saw ECE
+    [2.66e-05, 2.66e-05] called 95 %). Below 30 samples no metric, side or difference has an interval: its ends are
+    None and its reason says why; no verdict rests on it; the record of it saves and loads."""
     from torch.utils.data import Subset
 
-    from hf_calibrate.evaluation import MIN_VERDICT_SAMPLES
-
-    few = scored["model"].evaluate(Subset(scored["test"], range(MIN_VERDICT_SAMPLES - 1)), bootstrap=REPLICATES, progress=False)
+    few = scored["model"].evaluate(Subset(scored["test"], range(samples)), bootstrap=REPLICATES, progress=False)
+    intervals = [*few["uncalibrated"]["intervals"].values(), *few["calibrated"]["intervals"].values(), *few["difference"].values()]
+    assert intervals and all(interval["low"] is None and interval["high"] is None for interval in intervals)
+    assert {interval["reason"] for interval in intervals} == {
+        f"no interval: {samples} sample{'s' if samples > 1 else ''}, fewer than the {MIN_INTERVAL_SAMPLES} an interval needs"}
     assert set(few["verdicts"].values()) == {"no detectable change at this test size"}
-    assert few["difference"]["ece"]["low"] is not None  # the intervals are still there
+    assert few["calibrated"]["ece"] is not None  # the points are still there
+    scored["model"].save_pretrained(tmp_path / "model")
+    loaded = type(scored["model"]).from_pretrained(tmp_path / "model", base_model=scored["model"].base_model)
+    assert loaded.last_evaluation["difference"]["ece"]["reason"] == few["difference"]["ece"]["reason"]
+    enough = scored["model"].evaluate(Subset(scored["test"], range(MIN_INTERVAL_SAMPLES)), bootstrap=REPLICATES, progress=False)
+    assert enough["difference"]["ece"]["low"] is not None and "reason" not in enough["difference"]["ece"]
 
 
 def test_a_plain_models_evaluation_is_the_uncalibrated_side(scored):

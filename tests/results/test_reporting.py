@@ -68,6 +68,8 @@ def test_interval_ends_show_the_side_of_zero_they_lie_on():
     assert reporting.interval_text({**INTERVAL, "high": 0.0}, signed=True) == "[-0.0177, +0.0000]"
     assert reporting.interval_text({**INTERVAL, "low": 0.01, "high": 0.02}) == "[0.0100, 0.0200]"
     assert reporting.interval_text(None) == "" and reporting.interval_text({**INTERVAL, "low": None}) == ""
+    too_few = {**INTERVAL, "low": None, "high": None, "reason": "no interval: 1 sample, fewer than the 30 an interval needs"}
+    assert reporting.interval_text(too_few) == "(no interval)"  # never an empty cell a reader takes for a forgotten one
 
 
 def test_values_and_changes_carry_their_intervals_when_there_are_any():

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -193,6 +194,73 @@ def test_changed_tensor_values_are_refused(copy_of):
     save_file(tensors, str(folder / WEIGHTS))
     message = _refused(folder)
     assert str(folder / WEIGHTS) in message and "'files.sha256'" in message and "re-download" in message
+
+
+#: keys only format 2 writes (docs/artifact.md): a genuine format-1 record has none of them
+FORMAT_2_KEYS = ("files.manifest", "files.sha256", "record_sha256", "base_model.classifier", "input_contract.input_size",
+                 "fit.data_fingerprints", "calibrator.shared_hidden")
+
+
+def _as_format_one(folder: Path, *, drop: tuple = FORMAT_2_KEYS, edit: Callable[[dict], None] = lambda record: None) -> None:
+    """Rewrite the record as format 1 (no digests), dropping ``drop`` and applying ``edit``."""
+    record = json.loads((folder / CONFIG).read_text())
+    edit(record)
+    record["format_version"] = 1
+    for key in drop:
+        *parents, last = key.split(".")
+        target = record
+        for part in parents:
+            target = target.get(part) or {}
+        target.pop(last, None)
+    (folder / CONFIG).write_text(json.dumps(record))
+
+
+def _set_temperature(folder: Path, temperature: float) -> None:
+    tensors = load_file(str(folder / WEIGHTS))
+    tensors["log_temperature"] = torch.full_like(tensors["log_temperature"], float(np.log(temperature)))
+    save_file(tensors, str(folder / WEIGHTS))
+
+
+def test_a_record_downgraded_to_format_one_is_refused(copy_of):
+    """The hostile probe: edit a sealed record (label 0 renamed, T = 0.001), claim format 1 and drop the digests. The
+    record still holds keys only format 2 writes, so it is refused as tampered, even with allow_unverified=True."""
+    folder = copy_of("timm")
+    _set_temperature(folder, 0.001)
+    _as_format_one(folder, drop=("files.manifest", "files.sha256", "record_sha256"),
+                   edit=lambda record: record["base_model"]["id2label"].update({"0": "zebra"}))
+    for options in ({}, {"allow_unverified": True}):
+        message = _refused(folder, **options)
+        assert str(folder / CONFIG) in message and "claims format 1" in message and "edited" in message
+
+
+def test_a_genuine_format_one_record_needs_an_explicit_opt_in(copy_of, saved):
+    """Without digests an edit cannot be detected (here T = 0.001, within every bound): refused unless
+    allow_unverified=True, which loads it with a warning; a re-save seals it so it loads verified again."""
+    folder = copy_of("timm")
+    _set_temperature(folder, 0.001)
+    _as_format_one(folder)
+    message = _refused(folder)
+    assert str(folder / CONFIG) in message and "format-1" in message and "allow_unverified=True" in message
+    with pytest.warns(serialization.UnverifiedArtifactWarning, match="unverified.*before digests"):
+        model = CalibratedModel.from_pretrained(folder, allow_unverified=True)
+    assert torch.allclose(model.calibrator.temperature, torch.tensor(0.001), rtol=1e-4)
+    model.save_pretrained(folder)
+    assert json.loads((folder / CONFIG).read_text())["format_version"] == 2
+    assert CalibratedModel.from_pretrained(folder).method == "neural_clamping"
+
+
+def test_a_format_one_record_is_still_checked_against_its_base(copy_of):
+    """allow_unverified skips nothing that can be checked: a renamed label still differs from the base's."""
+    folder = copy_of("timm")
+    _as_format_one(folder, edit=lambda record: record["base_model"]["id2label"].update({"0": "zebra"}))
+    with pytest.warns(serialization.UnverifiedArtifactWarning):
+        message = _refused(folder, allow_unverified=True)
+    assert "'zebra'" in message and "with the base it was fitted on" in message
+
+
+def test_allow_unverified_must_be_a_boolean(saved):
+    with pytest.raises(TypeError, match="allow_unverified must be True or False"):
+        CalibratedModel.from_pretrained(saved["timm"], allow_unverified="yes")
 
 
 def test_not_json(copy_of):

@@ -4,8 +4,10 @@ fails after it is finished by the next load, and a save never loses a user's own
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -195,6 +197,72 @@ def test_files_the_previous_artifact_owned_do_not_linger(tmp_path):
     assert not (target / "model.safetensors").exists()
     assert not (target / cards.DIAGRAM_FILE).exists()
     assert (target / "notes.txt").read_text() == "mine"
+
+
+def _format_one(folder: Path) -> None:
+    """Rewrite the folder's record as format 1 wrote it: no manifest, no digests, no format-2 keys."""
+    record = json.loads((folder / serialization.CALIBRATION_CONFIG).read_text())
+    record["format_version"] = 1
+    for key in ("manifest", "sha256"):
+        record["files"].pop(key)
+    for part, key in (("base_model", "classifier"), ("input_contract", "input_size"), ("fit", "data_fingerprints")):
+        record[part].pop(key, None)
+    record.pop("record_sha256")
+    record.pop("evaluation", None)
+    (folder / serialization.CALIBRATION_CONFIG).write_text(json.dumps(record))
+
+
+USERS_PREPROCESSOR_FILES = {"tokenizer.json": "{\"mine\": 1}", "vocab.txt": "my\nwords\n",
+                            "special_tokens_map.json": "{\"mine\": 2}", "preprocessor_config.json": "{\"mine\": 3}"}
+
+
+def test_a_save_over_a_format_one_folder_never_deletes_unproven_files(tmp_path):
+    """A format-1 timm folder holding a user's tokenizer and processor files (names format 1 could have written, but
+    a timm save never does): nothing proves they are the library's, so the save is refused naming them, and every
+    file stays as it was."""
+    base, data, _ = tm.make_base("timm")
+    target = tmp_path / "model"
+    tm.fit(base, data, "temperature").save_pretrained(target)
+    _format_one(target)
+    for name, text in {**USERS_PREPROCESSOR_FILES, "notes.txt": "my notes"}.items():
+        (target / name).write_text(text)
+    before = {path.name: path.read_bytes() for path in target.iterdir()}
+    with pytest.raises(FileExistsError) as refused:
+        tm.fit(base, data, "histogram").save_pretrained(target)
+    message = str(refused.value)
+    assert all(name in message for name in USERS_PREPROCESSOR_FILES) and "notes.txt" not in message
+    assert "format 1" in message and "Move them elsewhere" in message
+    assert {path.name: path.read_bytes() for path in target.iterdir()} == before
+
+
+def test_a_format_one_folder_re_saved_in_place_keeps_what_is_rewritten_identically(models, tmp_path):
+    """Loading a format-1 ViT folder unverified and saving it back: its preprocessor_config.json is written again
+    byte for byte (nothing lost), so the save goes through, seals the record and keeps the user's notes."""
+    target = tmp_path / "model"
+    models["first"].save_pretrained(target)
+    (target / "notes.txt").write_text("my notes")
+    _format_one(target)
+    with pytest.warns(serialization.UnverifiedArtifactWarning):
+        loaded = CalibratedModel.from_pretrained(target, allow_unverified=True)
+    loaded.save_pretrained(target)
+    record = json.loads((target / serialization.CALIBRATION_CONFIG).read_text())
+    assert record["format_version"] == 2 and "preprocessor_config.json" in record["files"]["manifest"]
+    assert (target / "notes.txt").read_text() == "my notes"
+    assert CalibratedModel.from_pretrained(target).method == "temperature"
+
+
+def test_saved_files_get_the_umask_mode(models, tmp_path):
+    """Every file of a save, the safetensors ones included (safetensors writes 0600), gets the mode the umask gives
+    a new file, whatever the umask."""
+    previous = os.umask(0o027)
+    try:
+        models["first"].save_pretrained(tmp_path / "model")
+    finally:
+        os.umask(previous)
+    files = [path for path in (tmp_path / "model").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".safetensors" for path in files)
+    modes = {str(path.relative_to(tmp_path)): oct(stat.S_IMODE(path.stat().st_mode)) for path in files}
+    assert set(modes.values()) == {oct(0o640)}, modes
 
 
 def test_saving_onto_a_file_is_refused(models, tmp_path):
