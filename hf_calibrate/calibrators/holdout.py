@@ -1,13 +1,19 @@
-"""The hold-out split rule: which samples a fit holds out to select on, from the fit's seed.
+"""The hold-out rules: which samples a fit holds out to select on, from the fit's seed.
 
-One rule for every fit that holds data out: the fitting engine's ``Engine.split_indices`` (Neural
-Clamping, the head methods) and the λ selection of matrix scaling and Dirichlet calibration
-(:mod:`.linear`), so the same seed and sample count hold out the same samples (docs/design.md §3.0).
+* :func:`holdout_split`, one held-out part: the fitting engine's ``Engine.split_indices`` (Neural
+  Clamping, the head methods), so the same seed and sample count hold out the same samples
+  (docs/design.md §3.0);
+* :func:`stratified_folds` and :func:`select_by_cross_fitting`, K-fold cross-fitting: how every
+  regularised logit method (vector, matrix and Dirichlet calibration, histogram binning, isotonic
+  regression) chooses its regularisation strength on held-out NLL, every calibration sample
+  held out once.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -36,3 +42,88 @@ def holdout_split(count: int, holdout_fraction: float, seed: int) -> Tuple[torch
             f"{holdout} to select on; use more calibration data or holdout_fraction=0."
         )
     return permutation[holdout:].sort().values, permutation[:holdout].sort().values
+
+
+# ----------------------------------------------------------------------------- cross-fitting
+
+#: salt of the cross-fitting folds' generator (with the seed and the sample count)
+FOLDS_SALT = 0xF01D5
+#: folds of the cross-fitted selection of every regularised logit method (vector, matrix, Dirichlet, binning)
+DEFAULT_FOLDS = 5
+#: the candidates' held-out path stops after this many candidates in a row that do not improve the best
+PATH_PATIENCE = 2
+
+Fold = Tuple[torch.Tensor, torch.Tensor]
+
+
+def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> List[Fold]:
+    """Seeded, stratified K-fold split of ``range(len(labels))``: K (fit, held-out) pairs of sorted int64 indices.
+
+    Each class's rows are shuffled by a generator seeded by ``seed`` and the sample count, then
+    dealt round-robin over the folds, continuing from one class to the next, so every fold holds
+    each class's rows to within one and the folds' sizes differ by at most one. K is
+    ``min(folds, N)``; every row is held out exactly once. Needs N ≥ 2 (else a ValueError with the fix).
+    """
+    count = int(labels.shape[0])
+    if count < 2:
+        raise ValueError(f"cross-fitting needs at least 2 calibration samples, got {count}; calibrate on more held-out data.")
+    folds = min(int(folds), count)
+    permutation = torch.randperm(count, generator=seeded_generator(seed, count, FOLDS_SALT))
+    labels = labels.cpu()
+    order = permutation[torch.sort(labels[permutation], stable=True).indices]  # shuffled within each class
+    assignment = torch.empty(count, dtype=torch.long)
+    assignment[order] = torch.arange(count) % folds
+    return [((assignment != k).nonzero().squeeze(1), (assignment == k).nonzero().squeeze(1)) for k in range(folds)]
+
+
+@dataclasses.dataclass
+class Selection:
+    """The outcome of :func:`select_by_cross_fitting`.
+
+    Attributes:
+        chosen: the selected candidate.
+        scores: {repr(candidate): cross-fitted mean NLL (nats per sample)} of every candidate tried, in order.
+        best: the candidate of the lowest cross-fitted NLL (``chosen`` is the first candidate within one
+            standard error of it).
+    """
+
+    chosen: Any
+    scores: Dict[str, float]
+    best: Any
+
+
+def select_by_cross_fitting(
+    candidates: Sequence[Any], folds: Sequence[Fold], held_out_nll: Callable[[Any, int], torch.Tensor],
+) -> Selection:
+    """Choose among ``candidates`` (most regularised first) by cross-fitted NLL, with the one-standard-error rule.
+
+    ``held_out_nll(candidate, k)`` fits the candidate on fold k's fit part and returns the (n_k,)
+    per-sample NLL (nats) of fold k's held-out part; it may warm-start from the previous
+    candidate's fit of the same fold (candidates come in order). Every sample is held out once,
+    so a candidate's score is the mean of N per-sample NLLs. The path stops once
+    :data:`PATH_PATIENCE` candidates in a row have not improved the best score. The chosen
+    candidate is the *first* (most regularised) whose paired difference to the best,
+    mean_i (nll_i(c) − nll_i(best)), is within one standard error of that mean: a weaker
+    regulariser must beat a stronger one by more than the noise of the held-out samples.
+    """
+    losses: Dict[int, torch.Tensor] = {}
+    scores: Dict[str, float] = {}
+    best, worse_in_a_row = 0, 0
+    for number, candidate in enumerate(candidates):
+        losses[number] = torch.cat([held_out_nll(candidate, k).double().cpu() for k in range(len(folds))])
+        scores[repr(candidate)] = float(losses[number].mean())
+        if losses[number].mean() < losses[best].mean():
+            best, worse_in_a_row = number, 0
+        elif number > 0:
+            worse_in_a_row += 1
+        if worse_in_a_row == PATH_PATIENCE:
+            break
+    chosen = next(number for number in sorted(losses) if _within_one_error(losses[number], losses[best]))
+    return Selection(chosen=candidates[chosen], scores=scores, best=candidates[best])
+
+
+def _within_one_error(losses: torch.Tensor, best: torch.Tensor) -> bool:
+    """Whether mean(losses − best) ≤ its standard error (sd / √N of the paired per-sample differences)."""
+    differences = losses - best
+    error = float(differences.std()) / math.sqrt(len(differences)) if len(differences) > 1 else 0.0
+    return float(differences.mean()) <= error
