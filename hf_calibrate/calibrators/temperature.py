@@ -175,15 +175,17 @@ def warn_if_without_minimum(beta: float, logits: torch.Tensor, labels: torch.Ten
 NEAR_BOUND = 1.5
 
 
-def temperature_warnings(beta: float, logits: torch.Tensor, labels: torch.Tensor) -> List[str]:
-    """One line per problem of a temperature fitted on the calibration data: no minimum (separable, below chance),
-    or T at (or within :data:`NEAR_BOUND` of) a bound."""
-    message = without_minimum_message(beta, logits, labels, "the calibration data", CALIBRATION_DATA_FIX)
+def temperature_warnings(
+    beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str = "the calibration data", method: str = "temperature",
+) -> List[str]:
+    """One line per problem of a temperature fitted by ``method`` on ``logits`` over ``data``: no minimum (separable,
+    below chance), or T at (or within :data:`NEAR_BOUND` of) a bound."""
+    message = without_minimum_message(beta, logits, labels, data, CALIBRATION_DATA_FIX)
     if message is not None:
-        return [f"temperature: {message}"]
+        return [f"{method}: {message}"]
     low, high = BETA_BOUNDS
     if beta < low * NEAR_BOUND or beta > high / NEAR_BOUND:
-        return [f"temperature: T = {1 / beta:.4g} is at its bound ({1 / high:g} to {1 / low:g}): a few rows dominate the fit. "
+        return [f"{method}: T = {1 / beta:.4g} is at its bound ({1 / high:g} to {1 / low:g}): a few rows dominate the fit. "
                 "Check the calibration data for rows with extreme logits (a corrupted input) and for labels outside the "
                 "model's class order."]
     return []

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .._errors import UserError
 from .inputs import engine_options, fit_options, fit_splits, flag_options, load_data
-from .output import Console, check_writable, draw_diagram, fallback_reported_here, metric_table
+from .output import Console, check_writable, draw_diagram, fit_warning_lines, fit_warnings_reported_here, metric_table
 
 if TYPE_CHECKING:
     from ..model_loading import LoadedModel
@@ -63,6 +63,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     console.warn(in_sample_warning(evaluation, data.available))
     fallback = calibrated.fallback_note()
     console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
+    for line in fit_warning_lines(calibrated):
+        console.warn(line)
     save_and_push(calibrated, args, state, console, base_model_id=loaded.hub_id)
 
 
@@ -147,13 +149,15 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     _check_compare_splits(args, data)
     options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
     models = {}
-    with fallback_reported_here():
+    with fit_warnings_reported_here():
         for method in args.methods:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
             models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
                                                  validation_data=data.splits.get("validation"), **options)
             fallback = models[method].fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
+            for line in fit_warning_lines(models[method]):
+                console.warn(line)
     result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
                                 bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),
                                 split=data.names["evaluation"], **engine_options(options))
