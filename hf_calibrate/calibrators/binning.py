@@ -12,19 +12,21 @@ g(c) ≥ 1/C (see :func:`_top_label_vector`); one-vs-rest mode can change it.
 
 **A prior towards temperature scaling.** On a few hundred rows of a model that is right 95–99 %
 of the time the top bins (or isotonic blocks) hold no error, their frequency is 1, and every test
-error there costs −log 1e-12 ≈ 28 nats. So each bin's (block's) value is the posterior mean under a
-Beta prior of ``prior`` pseudo-samples centred on temperature scaling's probability:
+error there costs −log 1e-12 ≈ 28 nats. So both are pulled towards temperature scaling (TS, fitted
+on the same data) by m = ``prior`` pseudo-samples:
 
-    g = (hits + m · t̄) / (count + m),   clipped to [ε, 1 − ε] with ε = 1 / (2 (N + 1)),
+* histogram: each bin's value is the posterior mean under a Beta prior of m pseudo-samples centred
+  on t̄, the mean TS-calibrated score of the bin's samples: g = (hits + m t̄) / (count + m);
+* isotonic: each distinct score keeps its own t̄ plus its isotonic block's correction shrunk by m
+  pseudo-samples, g = t̄ + (hits_B − Σ_B t) / (count_B + m), made monotone again (a weighted
+  isotonic fit): m = ∞ follows TS wherever TS's score is monotone in the uncalibrated one;
 
-where t̄ is the mean over the bin's samples of the TS-calibrated score (TS fitted on the same
-data), N the number of calibration samples, and m = ``prior`` (pseudo-samples). m = ∞ gives t̄
-(temperature scaling averaged over the bin), m = 0 the classic frequencies (unclipped). By
-default m is chosen by K-fold cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`) among
-∞ and :data:`DEFAULT_PRIOR_GRID`, so no bin or block value is 0 or 1. (In top-label mode the
-other classes share 1 − g in proportion to their uncalibrated probabilities, which a confident
-model can make tiny: that share is not floored.) An isotonic fit is made monotone again after the
-prior (a weighted isotonic fit of the blocks).
+both clipped to [ε, 1 − ε] with ε = 1 / (2 (N + 1)), N the number of calibration samples. m = 0
+gives the classic maps (unclipped). By default m is chosen by K-fold cross-fitted NLL
+(:func:`.holdout.select_by_cross_fitting`) among ∞ and :data:`DEFAULT_PRIOR_GRID`, so no bin or
+knot value is 0 or 1. (In top-label mode the other classes share 1 − g in proportion to their
+uncalibrated probabilities, which a confident model can make tiny: that share is not floored.)
+A histogram's values stay constant per bin, so even m = ∞ loses TS's resolution within a bin.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ _TIE_MARGIN = 1e-6
 DEFAULT_PRIOR_GRID = (1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0)
 #: the most bins a histogram may have (its state is maps × bins float64 values, allocated before the data are seen)
 MAX_BINS = 10_000
+#: the most knots an isotonic map keeps (its state is maps × knots × 2 float64 values)
+MAX_KNOTS = 2048
 #: what binning and isotonic regression need: errors to learn a confidence from, and rows to fill a few bins
 BINNING_REQUIREMENTS = DataRequirements(rows=10, classes=1, errors=1, advised_rows=100)
 
@@ -321,10 +325,15 @@ def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int,
 
 
 def smoothed_isotonic_knots(scores: np.ndarray, targets: np.ndarray, centres: np.ndarray, prior: float, floor: float) -> Tuple[np.ndarray, np.ndarray]:
-    """Knots (x, y) of the increasing isotonic fit of targets on scores (ties merged), each block's value
-    smoothed by the prior (:func:`smoothed`) and made monotone again by a weighted isotonic fit of the blocks.
+    """Knots (x, y) of the increasing isotonic fit of targets on scores (ties merged), with the prior towards TS.
 
-    Both ends of every constant block are kept: linear interpolation between them is exact.
+    With m = ``prior`` > 0 each distinct score x_j keeps temperature scaling's value t̄_j (the mean
+    TS-calibrated score of its samples) plus its isotonic block's correction shrunk by m
+    pseudo-samples, y_j = t̄_j + (hits_B − Σ_B t) / (n_B + m), clipped to [floor, 1 − floor] and made
+    monotone by a weighted isotonic fit: m = ∞ follows TS (to the extent TS's score is monotone in
+    the uncalibrated one), m → 0 the block frequencies. m = 0 is the classic fit. At most
+    :data:`MAX_KNOTS` knots are kept (evenly spaced among the changes, both ends always);
+    otherwise both ends of every constant block, so linear interpolation between them is exact.
     """
     from scipy.optimize import isotonic_regression
 
@@ -333,11 +342,13 @@ def smoothed_isotonic_knots(scores: np.ndarray, targets: np.ndarray, centres: np
     fitted = isotonic_regression(hits / weights, weights=weights, increasing=True).x
     if prior != 0:
         block = np.concatenate([[0], np.cumsum(np.diff(fitted) != 0)])
-        sums = [torch.from_numpy(np.bincount(block, weights=values)) for values in (hits, weights, centre_sums)]
-        values = smoothed(*sums, prior, floor).numpy()
-        fitted = isotonic_regression(values, weights=sums[1].numpy() + (0 if math.isinf(prior) else prior), increasing=True).x[block]
+        residual = np.bincount(block, weights=hits - centre_sums) / (np.bincount(block, weights=weights) + prior)
+        values = np.clip(centre_sums / weights + residual[block], floor, 1 - floor)
+        fitted = isotonic_regression(values, weights=weights, increasing=True).x
     changes = np.flatnonzero(np.diff(fitted) != 0)
     keep = np.unique(np.concatenate([[0], changes, changes + 1, [len(x) - 1]]))
+    if len(keep) > MAX_KNOTS:
+        keep = keep[np.unique(np.linspace(0, len(keep) - 1, MAX_KNOTS).round().astype(np.int64))]
     return x[keep], fitted[keep]
 
 

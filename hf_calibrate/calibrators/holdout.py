@@ -50,7 +50,7 @@ def holdout_split(count: int, holdout_fraction: float, seed: int) -> Tuple[torch
 FOLDS_SALT = 0xF01D5
 #: folds of the cross-fitted selection of every regularised logit method (vector, matrix, Dirichlet, binning)
 DEFAULT_FOLDS = 5
-#: the candidates' held-out path stops after this many candidates in a row that do not improve the best
+#: the candidates' held-out path stops after its score has risen this many times in a row
 PATH_PATIENCE = 2
 
 Fold = Tuple[torch.Tensor, torch.Tensor]
@@ -81,49 +81,35 @@ class Selection:
     """The outcome of :func:`select_by_cross_fitting`.
 
     Attributes:
-        chosen: the selected candidate.
+        chosen: the selected candidate (the lowest cross-fitted NLL; on a tie, the more regularised).
         scores: {repr(candidate): cross-fitted mean NLL (nats per sample)} of every candidate tried, in order.
-        best: the candidate of the lowest cross-fitted NLL (``chosen`` is the first candidate within one
-            standard error of it).
     """
 
     chosen: Any
     scores: Dict[str, float]
-    best: Any
 
 
 def select_by_cross_fitting(
     candidates: Sequence[Any], folds: Sequence[Fold], held_out_nll: Callable[[Any, int], torch.Tensor],
 ) -> Selection:
-    """Choose among ``candidates`` (most regularised first) by cross-fitted NLL, with the one-standard-error rule.
+    """Choose among ``candidates`` (most regularised first) the one of the lowest cross-fitted NLL.
 
     ``held_out_nll(candidate, k)`` fits the candidate on fold k's fit part and returns the (n_k,)
     per-sample NLL (nats) of fold k's held-out part; it may warm-start from the previous
     candidate's fit of the same fold (candidates come in order). Every sample is held out once,
-    so a candidate's score is the mean of N per-sample NLLs. The path stops once
-    :data:`PATH_PATIENCE` candidates in a row have not improved the best score. The chosen
-    candidate is the *first* (most regularised) whose paired difference to the best,
-    mean_i (nll_i(c) − nll_i(best)), is within one standard error of that mean: a weaker
-    regulariser must beat a stronger one by more than the noise of the held-out samples.
+    so a candidate's score is the mean of N per-sample NLLs. The path stops once the score has
+    risen :data:`PATH_PATIENCE` times in a row (weaker regularisers only fit the noise more; a flat
+    stretch, where strong candidates all equal temperature scaling, does not stop it). A tie keeps
+    the more regularised candidate (tried first).
     """
-    losses: Dict[int, torch.Tensor] = {}
     scores: Dict[str, float] = {}
-    best, worse_in_a_row = 0, 0
+    best, rising, previous = 0, 0, math.inf
     for number, candidate in enumerate(candidates):
-        losses[number] = torch.cat([held_out_nll(candidate, k).double().cpu() for k in range(len(folds))])
-        scores[repr(candidate)] = float(losses[number].mean())
-        if losses[number].mean() < losses[best].mean():
-            best, worse_in_a_row = number, 0
-        elif number > 0:
-            worse_in_a_row += 1
-        if worse_in_a_row == PATH_PATIENCE:
+        score = float(torch.cat([held_out_nll(candidate, k).double().cpu() for k in range(len(folds))]).mean())
+        scores[repr(candidate)] = score
+        best = number if score < scores[repr(candidates[best])] else best
+        rising = rising + 1 if score > previous else 0
+        previous = score
+        if rising == PATH_PATIENCE:
             break
-    chosen = next(number for number in sorted(losses) if _within_one_error(losses[number], losses[best]))
-    return Selection(chosen=candidates[chosen], scores=scores, best=candidates[best])
-
-
-def _within_one_error(losses: torch.Tensor, best: torch.Tensor) -> bool:
-    """Whether mean(losses − best) ≤ its standard error (sd / √N of the paired per-sample differences)."""
-    differences = losses - best
-    error = float(differences.std()) / math.sqrt(len(differences)) if len(differences) > 1 else 0.0
-    return float(differences.mean()) <= error
+    return Selection(chosen=candidates[best], scores=scores)

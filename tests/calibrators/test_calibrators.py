@@ -201,18 +201,16 @@ def test_a_stronger_pull_stays_closer_to_temperature_scaling(cls):
 
 @pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
 def test_the_strength_is_selected_by_cross_fitted_nll(cls):
-    """TS (λ = ∞) first, then the grid strongest first; the path stops after two candidates in a row that do not
-    improve; the choice is the strongest within one standard error of the best; and it generalises no worse
-    than the unregularised fit."""
+    """TS (λ = ∞) first, then the grid strongest first; the choice has the lowest cross-fitted NLL of those tried;
+    and it generalises better than the unregularised fit (300 rows, 30 classes)."""
     logits, labels = miscalibrated(n=300, classes=30, seed=1)
     fresh_logits, fresh_labels = miscalibrated(n=4000, classes=30, seed=2)
     selected, summary = fitted(cls, logits, labels, l2_grid=(1e-4, 1.0, 1e2))
     loose, _ = fitted(cls, logits, labels, l2=0.0)
     scores = summary["l2_cv_nll"]
     assert list(scores) == ["inf", "100.0", "1.0", "0.0001"][: len(scores)]
-    best = min(scores.values())
     chosen = "inf" if summary["l2"] is None else repr(summary["l2"])
-    assert scores[chosen] >= best and list(scores).index(chosen) <= list(scores).index(min(scores, key=scores.get))
+    assert scores[chosen] == min(scores.values())
     with torch.no_grad():
         nll = lambda c: F.cross_entropy(c(fresh_logits), fresh_labels).item()  # noqa: E731
         assert nll(selected) < nll(loose)

@@ -59,16 +59,19 @@ def test_folds_are_stratified_seeded_and_hold_every_sample_out_once(count, class
         stratified_folds(torch.tensor([0]), folds, seed)
 
 
-def test_selection_takes_the_strongest_candidate_within_one_standard_error():
-    """Candidates in order; per-sample NLLs built so that the 2nd is best by a hair (inside its noise), the 3rd worse."""
+def test_selection_takes_the_lowest_cross_fitted_nll_and_stops_once_it_rises():
+    """Candidates in order, each scored by the mean of its per-sample held-out NLLs over all folds; a tie keeps the
+    stronger; the path stops after rising twice in a row, and a flat stretch does not stop it."""
     folds = stratified_folds(torch.zeros(100, dtype=torch.long), 2, 0)
     noise = torch.randn(100, generator=torch.Generator().manual_seed(0))
-    alternating = 0.05 * (torch.arange(100) % 2 * 2 - 1)  # mean 0, standard error 0.005 over 100 samples
-    losses = {"strong": 1.0 + noise, "middle": 1.0 + noise - 0.001 + alternating,
-              "weak": 1.5 + noise, "weaker": 1.6 + noise, "never": 0.0 + noise}
+    losses = {"strong": 1.0 + noise, "middle": 0.9 + noise, "tied": 0.9 + noise, "weak": 1.5 + noise, "weaker": 1.6 + noise,
+              "never": 0.0 + noise}
     selection = select_by_cross_fitting(list(losses), folds, lambda name, k: losses[name][folds[k][1]])
-    assert selection.best == "middle" and selection.chosen == "strong"
-    assert list(selection.scores) == ["'strong'", "'middle'", "'weak'", "'weaker'"]  # stopped after two that did not improve
+    assert selection.chosen == "middle"
+    assert list(selection.scores) == ["'strong'", "'middle'", "'tied'", "'weak'", "'weaker'"]
+    assert selection.scores["'middle'"] == pytest.approx(float((0.9 + noise).double().mean()), rel=1e-6)  # float32 losses
+    flat = {"ts": 1.0 + noise, "same": 1.0 + noise, "again": 1.0 + noise, "better": 0.5 + noise}
+    assert select_by_cross_fitting(list(flat), folds, lambda name, k: flat[name][folds[k][1]]).chosen == "better"
 
 
 @pytest.mark.parametrize("method", ["histogram", "isotonic"])
