@@ -69,15 +69,16 @@ class RegularisedOptions:
             a row do not improve the cross-fitted NLL.
         folds: K of the stratified K-fold cross-fitting (default 5; at most the number of samples).
         seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
-        max_iter: iterations at most per fit (default 200): Newton for vector scaling, L-BFGS for
-            matrix and Dirichlet.
+        max_iter: iterations at most per fit (default 1000): Newton for vector scaling, L-BFGS for
+            matrix and Dirichlet (on 450 rows of the digits ViT, L-BFGS ends 4e-4 nats above the
+            optimum after 200 iterations and reaches it after 600–700).
     """
 
     l2: Optional[float] = None
     l2_grid: Tuple[float, ...] = DEFAULT_L2_GRID
     folds: int = DEFAULT_FOLDS
     seed: int = 0
-    max_iter: int = 200
+    max_iter: int = 1000
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -229,7 +230,6 @@ def _matrix_fit(x, labels, beta, strength, start, max_iter, description) -> Tupl
     """L-BFGS from ``start`` (copied) on mean NLL + λ · mean (W x + b − β x)² (:func:`.lbfgs.minimise`)."""
     parameters = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in start.items()}
     summary = lbfgs.minimise(list(parameters.values()), matrix_objective(x, labels, parameters, beta, strength), max_iter, description)
-    summary["converged"] = summary["iterations"] < max_iter
     return {name: tensor.detach() for name, tensor in parameters.items()}, summary
 
 

@@ -27,6 +27,8 @@ import torch
 from .base import chunk_rows
 
 ARMIJO = 1e-4
+#: a fit stopped by max_iter whose predicted further decrease exceeds this (nats) is reported as not converged
+VISIBLE_DECREASE = 1e-6
 MAX_HALVINGS = 20
 #: the scales a_c are kept in [1e-4, 1e4] (just inside): the range a saved artifact allows for
 #: exp(log_scale). A class whose optimum lies beyond a bound (e.g. a negative scale) is held there.
@@ -110,8 +112,9 @@ def fit_vector_scaling(
     precision times the objective, when the line search cannot decrease it, or after ``max_iter``
     iterations (without the penalty, on separable data or data lacking some class, the optimum lies
     at infinity). The summary: ``loss`` (NLL + penalty), ``iterations``, ``passes``, ``converged``
-    (False when ``max_iter`` stopped the fit) and ``classes_at_bound`` (scales ending at a bound of
-    :data:`SCALE_BOUNDS`).
+    (False only when ``max_iter`` stopped the fit while its last predicted decrease, half the Newton
+    decrement, was above :data:`VISIBLE_DECREASE` nats) and ``classes_at_bound`` (scales ending at a
+    bound of :data:`SCALE_BOUNDS`).
     """
     classes = logits.shape[1]
     count = torch.bincount(labels, minlength=classes).double() / len(labels)
@@ -128,18 +131,19 @@ def fit_vector_scaling(
     if start is None:
         start = (torch.full((classes,), beta, dtype=torch.float64, device=logits.device), torch.zeros(classes, dtype=torch.float64, device=logits.device))
     state = evaluate(start[0].double().clamp(*SCALE_BOUNDS), start[1].double())
-    passes, iteration, converged = 1, 0, False
+    passes, iteration, stopped, decrement = 1, 0, False, math.inf
     threshold = max(1e-10, torch.finfo(logits.dtype).eps * abs(state[2]))
-    while iteration < max_iter and not converged:
+    while iteration < max_iter and not stopped:
         step_scale, step_bias = _newton_direction(state[3], state[4], state[0])
         decrement = -float((step_scale * state[3][0] + step_bias * state[3][1]).sum())
         accepted, trials = (None, 0) if decrement / 2 <= threshold else _line_search(evaluate, state, step_scale, step_bias, decrement)
         passes += trials
-        converged = accepted is None  # the predicted or achievable decrease is below the logits' precision
+        stopped = accepted is None  # the predicted or achievable decrease is below the logits' precision
         if accepted is not None:
             state, iteration = accepted, iteration + 1
+    converged = stopped or decrement / 2 <= VISIBLE_DECREASE
     at_bound = int(((state[0] <= SCALE_BOUNDS[0] * 1.0001) | (state[0] >= SCALE_BOUNDS[1] / 1.0001)).sum())
-    summary = {"loss": state[2], "iterations": iteration, "passes": passes, "converged": converged, "classes_at_bound": at_bound}
+    summary = {"loss": state[2], "iterations": iteration, "passes": passes, "converged": bool(converged), "classes_at_bound": at_bound}
     return state[0], state[1], summary
 
 

@@ -310,9 +310,9 @@ def test_lbfgs_fits_show_progress_per_fit():
     logits, labels = miscalibrated(n=300, classes=4)
     options = DirichletCalibration.Options(l2_grid=(0.1, 10.0), folds=2)
     summary = DirichletCalibration(4).fit_logits(logits, labels, options, FitContext(progress=progress))
-    expected = [(250, f"dirichlet: l2 = {strength}, fold {fold} of 2") for strength in ("10", "0.1") for fold in (1, 2)]
+    expected = [(1250, f"dirichlet: l2 = {strength}, fold {fold} of 2") for strength in ("10", "0.1") for fold in (1, 2)]
     assert bars[:4] == expected[: len(bars[:4])]
-    assert bars[-1] == (250, "dirichlet fit") if summary["l2"] is not None else len(bars) == 4
+    assert bars[-1] == (1250, "dirichlet fit") if summary["l2"] is not None else len(bars) == 4
 
 
 def test_a_long_fit_is_announced_with_its_bound(monkeypatch):
@@ -322,7 +322,7 @@ def test_a_long_fit_is_announced_with_its_bound(monkeypatch):
     logits, labels = miscalibrated(n=300, classes=4)
     monkeypatch.setattr(lbfgs, "WARN_AFTER_SECONDS", 0.0)
     monkeypatch.setattr(lbfgs, "TIME_FROM_WORK", 0.0)
-    with pytest.warns(UserWarning, match=r"matrix on 300 x 4 logits: one evaluation .* up to 36 L-BFGS fit\(s\) of at most 250"):
+    with pytest.warns(UserWarning, match=r"matrix on 300 x 4 logits: one evaluation .* up to 36 L-BFGS fit\(s\) of at most 1250"):
         fitted(MatrixScaling, logits, labels)  # 5 folds x 7 strengths + the refit
     with warnings.catch_warnings():  # not on the other processes of a distributed fit
         warnings.simplefilter("error")

@@ -168,3 +168,15 @@ def test_vector_scaling_says_when_it_hits_a_bound_or_does_not_converge():
     assert any("without converging; pass a larger max_iter" in line for line in summary["warnings"])
     _, summary = fitted("vector", logits, labels)
     assert summary["warnings"] == []
+
+
+def test_lbfgs_says_not_converged_only_while_the_objective_still_visibly_falls():
+    """max_iter=3 on 30 classes stops a matrix fit far from its optimum: not converged; the default reaches it."""
+    from hf_calibrate.calibrators.linear import RegularisedOptions, fit_matrix
+
+    logits, labels = nearly_separable(n=300, classes=30, errors=60, seed=3)
+    _, stopped = fit_matrix(logits, labels, RegularisedOptions(l2=0.01, max_iter=3))
+    assert stopped["converged"] is False
+    assert any("matrix: the fit stopped after max_iter=3 iterations without converging" in line for line in stopped["warnings"])
+    _, default = fit_matrix(logits, labels, RegularisedOptions(l2=0.01))
+    assert default["converged"] is True and default["warnings"] == []
