@@ -236,7 +236,17 @@ class TemperatureScaling(Calibrator):
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "TemperatureScaling.Options") -> Dict[str, Any]:
+        """The NLL's minimiser T; on separable data, where T → 0 would give a hard argmax, T = 1 is kept (and said)."""
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
+        separable = beta == BETA_BOUNDS[1] and _without_minimum(logits, labels) == "separable"
+        lines = [separable_message(len(labels))] if separable else temperature_warnings(beta, logits, labels)
+        beta = 1.0 if separable else beta
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
-        return {"temperature": 1.0 / beta, "iterations": iterations, "warnings": temperature_warnings(beta, logits, labels)}
+        return {"temperature": 1.0 / beta, "iterations": iterations, "warnings": lines, **({"refused": True} if separable else {})}
+
+
+def separable_message(rows: int) -> str:
+    """The line saying temperature scaling was not fitted on ``rows`` separable calibration rows."""
+    return (f"temperature: not fitted (T = 1 kept): all {rows} calibration rows are classified correctly, so the NLL keeps "
+            f"falling as T → 0 and its minimiser would be a hard argmax with confidence ≈ 1. {CALIBRATION_DATA_FIX}")

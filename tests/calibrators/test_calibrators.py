@@ -24,6 +24,7 @@ from hf_calibrate.calibrators import (
     TemperatureScaling,
     VectorScaling,
     calibrator_class,
+    fit_inverse_temperature,
     focal_loss,
     parse_options,
 )
@@ -109,17 +110,21 @@ def wide_margins(rows: int = 50, margin: float = 20.0):
     return F.one_hot(labels, 3).float() * margin, labels
 
 
+SEPARABLE_REFUSED = "not fitted (T = 1 kept): all"
+
+
 @pytest.mark.parametrize("case, message, temperature", [
-    ("argmax of 4000 rows", SEPARABLE, 1e-3),
-    ("wide margins", SEPARABLE, 1e-3),  # f'(β) underflows to 0 long before the bound
-    ("one row", SEPARABLE, 1e-3),
-    ("tied top, label not argmax's pick", SEPARABLE, 1e-3),
+    ("argmax of 4000 rows", SEPARABLE_REFUSED, 1.0),
+    ("wide margins", SEPARABLE_REFUSED, 1.0),  # f'(β) underflows to 0 long before the bound
+    ("one row", SEPARABLE_REFUSED, 1.0),
+    ("tied top, label not argmax's pick", SEPARABLE_REFUSED, 1.0),
     ("argmin labels", BELOW_CHANCE, 1e3),
-    ("wide margins, float16", SEPARABLE, 1e-3),
+    ("wide margins, float16", SEPARABLE_REFUSED, 1.0),
 ])
-def test_a_temperature_without_a_minimum_warns_and_stops_at_its_bound(case, message, temperature):
-    """Separable logits (the true class always on top, ties included) or ones below chance: the fit
-    returns the bound the NLL falls towards and warns with the cause."""
+def test_a_temperature_without_a_minimum_says_so(case, message, temperature):
+    """Separable logits (the true class always on top, ties included): the NLL falls towards T → 0, a hard argmax,
+    so T = 1 is kept and one line says why; logits below chance: the bound the NLL falls towards, and the cause.
+    fit_inverse_temperature itself returns the bound in both cases."""
     logits, labels = miscalibrated()
     logits, labels = {
         "argmax of 4000 rows": (logits, logits.argmax(1)),
@@ -132,6 +137,8 @@ def test_a_temperature_without_a_minimum_warns_and_stops_at_its_bound(case, mess
     calibrator, summary = fitted(TemperatureScaling, logits, labels)
     assert len(summary["warnings"]) == 1 and message in summary["warnings"][0]
     assert calibrator.temperature.item() == pytest.approx(temperature, rel=1e-6)
+    bound = 1e-3 if message == SEPARABLE_REFUSED else 1e3
+    assert 1.0 / fit_inverse_temperature(logits, labels)[0] == pytest.approx(bound, rel=1e-6)
 
 
 def test_a_temperature_with_a_minimum_does_not_warn():

@@ -133,13 +133,13 @@ def test_per_class_methods_refuse_a_single_class(method):
 
 @pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_every_method_states_what_it_needs_and_refuses_one_row_or_no_error(method):
-    """One row, or no misclassified row: nothing but temperature scaling (which says so in its summary) is fitted."""
+    """One row, or no misclassified row: only temperature scaling takes them, and keeps T = 1 there (saying so)."""
     needs = getattr(calibrator_class(method), "requirements", DataRequirements())
     logits, labels = nearly_separable(n=200, errors=0)
     if method == "temperature":
         assert needs.errors == 0 and needs.rows == 1
-        _, summary = fitted(method, logits, labels)
-        assert "has no minimum" in summary["warnings"][0]
+        calibrator, summary = fitted(method, logits, labels)
+        assert "not fitted (T = 1 kept)" in summary["warnings"][0] and calibrator.temperature.item() == 1.0
         return
     for rows in (logits[:1], logits):
         with pytest.raises(InsufficientDataError, match=f"{method} needs at least .*Calibrate on more held-out rows"):
