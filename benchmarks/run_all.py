@@ -11,6 +11,7 @@ full run):
 * ``head_cost``  — ``bench_head_cost.py`` (head retraining cost vs one backbone pass);
 * ``intervals``  — ``bench_intervals.py`` (bootstrap interval coverage on synthetic data);
 * ``scale``      — ``bench_scale.py`` (streamed calibration data: memory against N, throughput vs a bare loop);
+* ``safe_defaults`` — ``bench_safe_defaults.py`` (every logit method's default vs uncalibrated and TS, peers beside);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
 Afterwards (full runs) ``benchmarks/results/README.md`` is rewritten: an index of every table
@@ -53,6 +54,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "evaluate_cost": ("bench_evaluate_cost.py", "speed", "what the intervals cost an evaluation: bootstrap=1000 vs 0"),
     "defaults": ("bench_defaults.py", "quality", "evidence for the fit defaults: paired arms of Neural Clamping and the heads' temperature"),
     "scale": ("bench_scale.py", "speed", "streams at scale: peak memory against N, throughput against a bare loop"),
+    "safe_defaults": ("bench_safe_defaults.py", "quality", "safe defaults: every logit method's default vs uncalibrated and TS, peers beside"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

@@ -3,16 +3,24 @@
 Every calibrated model scores the same samples under the same Poisson-bootstrap weights (each
 sample keyed by its dataset index, one seed), so the difference between two methods has a
 *paired* interval: replicate r resamples both alike, and the noise of the test set largely
-cancels. :func:`compare` ranks the methods, and the uncalibrated base, by one metric; a row whose
-paired difference to the best holds 0 is *tied* with it: this test set cannot tell them apart.
+cancels. :func:`compare` ranks the methods, and the uncalibrated base, by one metric — by default
+the NLL, a proper score, which no over-confident fit can game the way it can a binned ECE; a row
+whose paired difference to the best holds 0 is *tied* with it: this test set cannot tell them apart.
+Whatever the ranking metric, each method's NLL and Brier score are also compared with the
+uncalibrated base's (:data:`GUARD_METRICS`), and a method that makes either detectably worse (its
+paired interval lies above 0) is flagged ``made_worse``: it left the model worse calibrated than no
+calibration at all, even where it ranks well on ECE.
 
 The JSON result::
 
-    {"metric": "ece", "dataset": str, "split": str or None, "bootstrap": {...},
+    {"metric": "nll", "dataset": str, "split": str or None, "bootstrap": {...},
      "in_sample": [names of the models fitted on these very data (their rows are optimistic)],
      "rows": [{"name": str, "metrics": {metric: value}, "interval": interval of the metric,
                "versus_best": interval of metric(row) − metric(best) or None (the best row),
-               "tied_with_best": bool}, ...],                  # best first
+               "tied_with_best": bool,
+               "versus_uncalibrated": {metric: interval of metric(row) − metric(uncalibrated)} for
+                                      GUARD_METRICS (empty for the uncalibrated row),
+               "made_worse": [the GUARD_METRICS made detectably worse]}, ...],   # best first
      "reliability": {name: ReliabilityBins.to_dict()}}        # uncalibrated first, then as given
 """
 
@@ -24,13 +32,17 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _auto_registration, evaluation, model_evaluation, reporting
 from ._atomic import write_text_atomically
-from .metrics import CalibrationMetrics, Interval, interval_report
-from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER
+from .metrics import CalibrationMetrics, Interval, interval_report, verdict
+from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER, VERDICTS
 
 #: the name of the base model's row
 UNCALIBRATED = "uncalibrated"
 #: the columns of :func:`markdown_table` beside the ranked metric
 TABLE_METRICS = ("accuracy", "ece", "nll", "brier")
+#: the ranking metric by default: a proper score
+DEFAULT_METRIC = "nll"
+#: proper scores every method is held against the uncalibrated base on, whatever the ranking metric
+GUARD_METRICS = ("nll", "brier")
 
 
 def _check_models(models: Any) -> Dict[str, Any]:
@@ -81,6 +93,7 @@ def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float)
         versus: Optional[Interval] = None
         if name != best:
             versus = interval_report(scored[name], scored[best], metrics=[metric], confidence=confidence).difference[metric]
+        guard = _versus_uncalibrated(scored, name, confidence)
         rows.append({
             "name": name,
             "metrics": {key: value for key, value in points[name].items() if key != "intervals"},
@@ -88,15 +101,31 @@ def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float)
             "versus_best": None if versus is None else versus.to_dict(),
             # no interval (every replicate empty, NaN ends) cannot tell the two apart either
             "tied_with_best": versus is None or not versus.excludes_zero,
+            "versus_uncalibrated": {key: interval.to_dict() for key, interval in guard.items()},
+            "made_worse": [key for key, interval in guard.items() if _made_worse(interval, points[name]["num_samples"])],
         })
     return rows
+
+
+def _made_worse(difference: Interval, samples: float) -> bool:
+    """Whether a paired difference row − uncalibrated says "made worse" (as an evaluation's verdict would: never below
+    :data:`hf_calibrate.evaluation.MIN_VERDICT_SAMPLES` test samples)."""
+    return samples >= evaluation.MIN_VERDICT_SAMPLES and verdict(difference) == VERDICTS[1]
+
+
+def _versus_uncalibrated(scored: Dict[str, CalibrationMetrics], name: str, confidence: float) -> Dict[str, Interval]:
+    """{metric: paired interval of metric(name) − metric(uncalibrated)} for :data:`GUARD_METRICS` (none for the base)."""
+    if name == UNCALIBRATED:
+        return {}
+    report = interval_report(scored[name], scored[UNCALIBRATED], metrics=list(GUARD_METRICS), confidence=confidence)
+    return {key: report.difference[key] for key in GUARD_METRICS}
 
 
 def compare(
     models: Mapping[str, Any],
     data: Any,
     *,
-    metric: str = "ece",
+    metric: str = DEFAULT_METRIC,
     n_bins: int = 15,
     bootstrap: int = evaluation.DEFAULT_BOOTSTRAP,
     dataset_name: Optional[str] = None,
@@ -109,7 +138,8 @@ def compare(
         models: {name: CalibratedModel}, all calibrations of the same base model.
         data: the test data, in any form :meth:`CalibratedModel.evaluate` takes.
         metric: the ranking metric, one of :data:`hf_calibrate.evaluation.INTERVAL_METRICS`
-            (lower is better, accuracy higher).
+            (lower is better, accuracy higher); default ``"nll"``. Every row is also held against the
+            uncalibrated base on NLL and Brier (``made_worse``), whatever the metric.
         n_bins, bootstrap: bins of the binned metrics; bootstrap replicates R ≥ 1 of the 95 % intervals.
         dataset_name, split: how the result names the data.
         **options: engine options of the evaluations (``batch_size``, ``seed``, ``progress``, ...).
@@ -140,7 +170,13 @@ def _cells(row: Dict[str, Any], metric: str) -> Tuple[str, ...]:
     versus = row["versus_best"]
     difference = "best" if versus is None else f"{versus['point']:+.4f} {reporting.interval_text(versus, signed=True)}"
     others = tuple(f"{row['metrics'][key]:.4f}" for key in TABLE_METRICS if key != metric)
-    return (row["name"], point, difference, "yes" if row["tied_with_best"] else "no", *others)
+    return (row["name"], point, difference, "yes" if row["tied_with_best"] else "no", made_worse_text(row), *others)
+
+
+def made_worse_text(row: Dict[str, Any]) -> str:
+    """``"**made worse: NLL, Brier**"`` for a row that made a guard metric detectably worse than uncalibrated; else "–"."""
+    worse = row.get("made_worse") or []
+    return f"**made worse: {', '.join(reporting.METRIC_NAMES[key] for key in worse)}**" if worse else "–"
 
 
 def markdown_table(result: Dict[str, Any]) -> str:
@@ -148,7 +184,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
     metric = result["metric"]
     name = reporting.METRIC_NAMES[metric]
     others = [reporting.METRIC_NAMES[key] for key in TABLE_METRICS if key != metric]
-    header = ["method", f"{name} [95% CI]", f"{name} − best [95% CI]", "tied with best", *others]
+    header = ["method", f"{name} [95% CI]", f"{name} − best [95% CI]", "tied with best", "vs uncalibrated", *others]
     samples = result["rows"][0]["metrics"]["num_samples"]
     bootstrap = result["bootstrap"]
     in_sample = result.get("in_sample") or []
@@ -158,7 +194,9 @@ def markdown_table(result: Dict[str, Any]) -> str:
         *warning,
         f"Ranked by {name} on {reporting.data_label(result['dataset'], result['split'], samples)}; "
         f"{bootstrap['confidence']:.0%} Poisson-bootstrap intervals ({bootstrap['replicates']} replicates, seed "
-        f"{bootstrap['seed']}), paired across methods: a method whose difference to the best holds 0 is tied with it.",
+        f"{bootstrap['seed']}), paired across methods: a method whose difference to the best holds 0 is tied with it. "
+        f"'made worse' marks a method whose {' or '.join(reporting.METRIC_NAMES[key] for key in GUARD_METRICS)} is "
+        "detectably worse than the uncalibrated model's: it left the model worse calibrated than no calibration.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

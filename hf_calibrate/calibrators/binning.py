@@ -9,23 +9,53 @@ Both fit a monotone-in-spirit map g from a score to a frequency, in one of two m
 They output probabilities; as calibrators they return log-probabilities (clamped at 1e-12),
 which softmax maps back to the same probabilities. Top-label mode keeps the argmax whenever
 g(c) ≥ 1/C (see :func:`_top_label_vector`); one-vs-rest mode can change it.
+
+**A prior towards temperature scaling.** On a few hundred rows of a model that is right 95–99 %
+of the time the top bins (or isotonic blocks) hold no error, their frequency is 1, and every test
+error there costs −log 1e-12 ≈ 28 nats. So both are pulled towards temperature scaling (TS, fitted
+on the same data) by m = ``prior`` pseudo-samples:
+
+* histogram: each bin's value is the posterior mean under a Beta prior of m pseudo-samples centred
+  on t̄, the mean TS-calibrated score of the bin's samples: g = (hits + m t̄) / (count + m);
+* isotonic: each distinct score keeps its own t̄ plus its isotonic block's correction shrunk by m
+  pseudo-samples, g = t̄ + (hits_B − Σ_B t) / (count_B + m), made monotone again (a weighted
+  isotonic fit): m = ∞ follows TS wherever TS's score is monotone in the uncalibrated one;
+
+both clipped to [ε, 1 − ε] with ε = 1 / (2 (N + 1)), N the number of calibration samples. m = 0
+gives the classic maps (unclipped). By default m is chosen by K-fold cross-fitted NLL
+(:func:`.holdout.select_by_cross_fitting`) among ∞ and :data:`DEFAULT_PRIOR_GRID`, so no bin or
+knot value is 0 or 1. (In top-label mode the other classes share 1 − g in proportion to their
+uncalibrated probabilities, which a confident model can make tiny: that share is not floored.)
+A histogram's values stay constant per bin, so even m = ∞ loses TS's resolution within a bin.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Tuple
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..metrics.functional import equal_width_bin_index
 from .base import Calibrator, check_fields, chunk_rows, require
+from .holdout import DEFAULT_FOLDS, select_by_cross_fitting, stratified_folds
 from .isotonic_ovr import one_vs_rest_isotonic_knots
+from .requirements import DataRequirements
+from .temperature import fit_inverse_temperature
 
 MODES = ("top_label", "one_vs_rest")
 _LOG_FLOOR = 1e-12
 _TIE_MARGIN = 1e-6
+#: candidate prior strengths m (pseudo-samples) after m = ∞, strongest first
+DEFAULT_PRIOR_GRID = (1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0)
+#: the most bins a histogram may have (its state is maps × bins float64 values, allocated before the data are seen)
+MAX_BINS = 10_000
+#: the most knots an isotonic map keeps (its state is maps × knots × 2 float64 values)
+MAX_KNOTS = 2048
+#: what binning and isotonic regression need: errors to learn a confidence from, and rows to fill a few bins
+BINNING_REQUIREMENTS = DataRequirements(rows=10, classes=1, errors=1, advised_rows=100)
 
 
 def _check_mode(mode: str) -> str:
@@ -84,26 +114,124 @@ def _assemble(probs: torch.Tensor, mapped: torch.Tensor, mode: str) -> torch.Ten
     return calibrated.clamp_min(_LOG_FLOOR).log()
 
 
-class HistogramBinning(Calibrator):
-    """Equal-width histogram binning (Zadrozny & Elkan, 2001): g(s) = frequency in s's bin.
+# ----------------------------------------------------------------------------- the prior towards TS
 
-    Bins are those of the ECE (b/B, (b+1)/B]; an empty bin maps to its midpoint.
+
+@dataclasses.dataclass
+class PriorOptions:
+    """The prior options shared by histogram binning and isotonic regression (module docstring).
+
+    Attributes:
+        prior: m, the prior's weight in pseudo-samples centred on temperature scaling's probability; 0 gives
+            the classic unsmoothed fit (which can say 0 or 1). None (default) selects it by cross-fitted
+            NLL among ∞ (temperature scaling averaged per bin) and ``prior_grid``.
+        prior_grid: candidate m values (default 1000, 300, 100, 30, 10, 3, 1), tried strongest first until
+            two in a row do not improve the cross-fitted NLL.
+        folds: K of the stratified K-fold cross-fitting (default 5).
+        seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
+    """
+
+    prior: Optional[float] = None
+    prior_grid: Tuple[float, ...] = DEFAULT_PRIOR_GRID
+    folds: int = DEFAULT_FOLDS
+    seed: int = 0
+
+    def check_prior(self) -> None:
+        require(self.prior is None or self.prior >= 0, "prior", self.prior, "a finite number >= 0 or None")
+        require(len(self.prior_grid) > 0 and all(v > 0 for v in self.prior_grid), "prior_grid", self.prior_grid,
+                "a non-empty list of finite numbers > 0 (pass prior=0 for the unsmoothed fit)")
+        require(self.folds >= 2, "folds", self.folds, "an integer >= 2")
+        self.prior_grid = tuple(sorted(dict.fromkeys(float(v) for v in self.prior_grid), reverse=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """Calibration rows as the maps see them, each (maps, N) float64: ``scores`` (what a map is applied to),
+    ``targets`` (0/1) and ``centres`` (the TS-calibrated scores, the prior's centres)."""
+
+    scores: torch.Tensor
+    targets: torch.Tensor
+    centres: torch.Tensor
+
+
+def scored_rows(logits: torch.Tensor, labels: torch.Tensor, mode: str) -> Scored:
+    """:class:`Scored` of (N, C) logits and (N,) labels, with temperature scaling fitted on them for the centres."""
+    probs = torch.softmax(logits.double(), dim=1)
+    beta = fit_inverse_temperature(logits.detach(), labels)[0]
+    return Scored(_scores(probs, mode), _targets(probs, labels, mode), _scores(torch.softmax(logits.double() * beta, dim=1), mode))
+
+
+def smoothed(hits: torch.Tensor, counts: torch.Tensor, centre_sums: torch.Tensor, prior: float, floor: float) -> torch.Tensor:
+    """(hits + m t̄) / (counts + m) with t̄ = centre_sums / counts, clipped to [floor, 1 − floor]; t̄ for m = ∞,
+    hits / counts unclipped for m = 0. Empty entries (counts 0) give NaN (the caller fills them)."""
+    centres = centre_sums / counts
+    if prior == 0:
+        return hits / counts
+    values = centres if math.isinf(prior) else (hits + prior * centres) / (counts + prior)
+    return values.clamp(floor, 1 - floor)
+
+
+def floor_of(count: int) -> float:
+    """ε = 1 / (2 (N + 1)): no probability of a class that can occur is closer to 0 or 1 than this (N samples)."""
+    return 0.5 / (count + 1)
+
+
+def select_prior(
+    logits: torch.Tensor, labels: torch.Tensor, mode: str, options: PriorOptions,
+    fit_map: Callable[[torch.Tensor, torch.Tensor, float], Callable[[torch.Tensor], torch.Tensor]],
+) -> Tuple[float, Dict[str, float]]:
+    """m = ``options.prior``, or the cross-fitted choice among ∞ and ``options.prior_grid``; and the candidates' scores.
+
+    ``fit_map(logits, labels, m)`` fits a map and returns it as ``scores (maps, n) → values (maps, n)``;
+    a candidate's score is the mean held-out NLL (nats) of the calibrated probabilities.
+    """
+    if options.prior is not None:
+        return options.prior, {}
+    folds = stratified_folds(labels, options.folds, options.seed)
+
+    def held_out_nll(prior: float, fold: int) -> torch.Tensor:
+        fit_rows, held_rows = (rows.to(logits.device) for rows in folds[fold])
+        apply = fit_map(logits[fit_rows], labels[fit_rows], prior)
+        probs = torch.softmax(logits[held_rows].double(), dim=1)
+        log_probs = _assemble(probs, apply(_scores(probs, mode)), mode)
+        return -log_probs.gather(1, labels[held_rows, None]).squeeze(1)
+
+    selection = select_by_cross_fitting((math.inf, *options.prior_grid), folds, held_out_nll)
+    return selection.chosen, selection.scores
+
+
+def _prior_summary(prior: float, scores: Dict[str, float]) -> Dict[str, Any]:
+    """The summary's record of the prior: ``prior`` (None for m = ∞) and the candidates' cross-fitted NLL."""
+    return {"prior": None if math.isinf(prior) else prior, **({"prior_cv_nll": scores} if scores else {})}
+
+
+# ----------------------------------------------------------------------------- histogram binning
+
+
+class HistogramBinning(Calibrator):
+    """Equal-width histogram binning (Zadrozny & Elkan, 2001) with a prior towards temperature scaling.
+
+    Bins are those of the ECE (b/B, (b+1)/B]; a bin's value is its smoothed frequency (module
+    docstring); an empty bin maps to its midpoint.
     """
 
     method = "histogram"
     title = "histogram binning"
-    description = "Confidences are mapped to the observed frequency of their equal-width bin on the calibration data."
+    description = ("Confidences are mapped to the frequency of their equal-width bin on the calibration data, smoothed "
+                   "towards temperature scaling by a prior whose weight is chosen by cross-fitted NLL.")
     citation = (
         "@inproceedings{zadrozny2001obtaining, title={Obtaining calibrated probability estimates from decision trees and "
         "naive Bayesian classifiers}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={ICML}, year={2001}}"
     )
+    requirements = BINNING_REQUIREMENTS
 
     @dataclasses.dataclass
-    class Options:
-        """Fit options of histogram binning.
+    class Options(PriorOptions):
+        """Fit options of histogram binning (and those of :class:`PriorOptions`: ``prior``, ``prior_grid``, ``folds``, ``seed``).
 
         Attributes:
-            n_bins: number of equal-width bins over [0, 1] (default 15).
+            n_bins: number of equal-width bins over [0, 1] (default 15; at most :data:`MAX_BINS`, and at
+                most the number of calibration samples).
             mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
         """
 
@@ -112,14 +240,15 @@ class HistogramBinning(Calibrator):
 
         def __post_init__(self) -> None:
             check_fields(self)
-            require(self.n_bins >= 1, "n_bins", self.n_bins, "an integer >= 1")
+            require(1 <= self.n_bins <= MAX_BINS, "n_bins", self.n_bins, f"an integer from 1 to {MAX_BINS}")
             _check_mode(self.mode)
+            self.check_prior()
 
     def __init__(self, num_classes: int, n_bins: int = 15, mode: str = "top_label") -> None:
         super().__init__(num_classes)
         self.mode = _check_mode(mode)
-        if n_bins < 1:
-            raise ValueError(f"n_bins must be >= 1, got {n_bins}.")
+        if not 1 <= n_bins <= MAX_BINS:
+            raise ValueError(f"n_bins must be an integer from 1 to {MAX_BINS}, got {n_bins}.")
         maps = 1 if mode == "top_label" else num_classes
         midpoints = (torch.arange(n_bins, dtype=torch.float64) + 0.5) / n_bins
         self.register_buffer("bin_values", midpoints.repeat(maps, 1))
@@ -141,23 +270,37 @@ class HistogramBinning(Calibrator):
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "HistogramBinning.Options") -> Dict[str, Any]:
-        if self.mode == "one_vs_rest":
-            counts, hits = _one_vs_rest_counts(logits, labels, self.n_bins)
-        else:
-            probs = torch.softmax(logits.double(), dim=1)
-            scores, targets = _scores(probs, self.mode), _targets(probs, labels, self.mode)
-            index = equal_width_bin_index(scores, self.n_bins)
-            counts = torch.zeros(1, self.n_bins, dtype=torch.float64, device=probs.device)
-            hits = torch.zeros_like(counts)
-            counts.scatter_add_(1, index, torch.ones_like(targets))
-            hits.scatter_add_(1, index, targets)
+        if self.n_bins > len(labels):
+            raise ValueError(f"n_bins={self.n_bins} is more than the {len(labels)} calibration samples, so most bins would be "
+                             f"empty; pass n_bins <= {len(labels)} (default 15), or calibrate on more data.")
+        prior, scores = select_prior(logits, labels, self.mode, options, self._fitted_map)
+        values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
         with torch.no_grad():
-            self.bin_values.copy_(torch.where(counts > 0, hits / counts.clamp_min(1), self.bin_values))
-        return {"empty_bins": int((counts == 0).sum())}
+            self.bin_values.copy_(torch.where(counts > 0, values, self.bin_values))
+        return {"empty_bins": int((counts == 0).sum()), **_prior_summary(prior, scores)}
+
+    def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
+        values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
+        values = torch.where(counts > 0, values, self.bin_values.to(values.device))
+        return lambda scores: values.gather(1, equal_width_bin_index(scores, self.n_bins))
 
 
-def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(C, B) float64 counts of p_k per bin, and of p_k for samples of class k, chunk by cache-sized chunk.
+def histogram_values(logits: torch.Tensor, labels: torch.Tensor, n_bins: int, mode: str, prior: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(maps, B) smoothed bin values (NaN where empty) and (maps, B) sample counts of a histogram fitted on (N, C) logits."""
+    beta = fit_inverse_temperature(logits.detach(), labels)[0]
+    if mode == "one_vs_rest":
+        counts, hits, centre_sums = _one_vs_rest_counts(logits, labels, n_bins, beta)
+    else:
+        rows = scored_rows(logits, labels, mode)
+        index = equal_width_bin_index(rows.scores, n_bins)
+        counts, hits, centre_sums = (torch.zeros(1, n_bins, dtype=torch.float64, device=logits.device).scatter_add_(1, index, values)
+                                     for values in (torch.ones_like(rows.targets), rows.targets, rows.centres))
+    return smoothed(hits, counts, centre_sums, prior, floor_of(len(labels))), counts
+
+
+def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int, beta: float) -> Tuple[torch.Tensor, ...]:
+    """(C, B) float64 counts of p_k per bin, of p_k for samples of class k, and sums of the TS probabilities
+    softmax(β z)_k per bin, chunk by cache-sized chunk.
 
     Each sample adds one count per class and one hit (for its own class): no (N, C) one-hot,
     transpose or full float64 copy of the probabilities is made.
@@ -165,28 +308,70 @@ def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int)
     classes = logits.shape[1]
     offsets = torch.arange(classes, device=logits.device) * n_bins
     counts = torch.zeros(classes * n_bins, dtype=torch.float64, device=logits.device)
-    hits = torch.zeros_like(counts)
+    hits, centre_sums = torch.zeros_like(counts), torch.zeros_like(counts)
     rows = chunk_rows(logits)
     for start in range(0, logits.shape[0], rows):
         y = labels[start : start + rows]
-        index = equal_width_bin_index(torch.softmax(logits[start : start + rows].double(), dim=1), n_bins)
-        counts += torch.bincount((index + offsets).flatten(), minlength=classes * n_bins)
+        chunk = logits[start : start + rows].double()
+        index = equal_width_bin_index(torch.softmax(chunk, dim=1), n_bins)
+        flat = (index + offsets).flatten()
+        counts += torch.bincount(flat, minlength=classes * n_bins)
+        centre_sums += torch.bincount(flat, weights=torch.softmax(chunk * beta, dim=1).flatten(), minlength=classes * n_bins)
         hits += torch.bincount(offsets[y] + index.gather(1, y[:, None]).squeeze(1), minlength=classes * n_bins)
-    return counts.view(classes, n_bins), hits.view(classes, n_bins)
+    return counts.view(classes, n_bins), hits.view(classes, n_bins), centre_sums.view(classes, n_bins)
 
 
-def _isotonic_knots(scores: np.ndarray, targets: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Knots (x, y) of the increasing isotonic fit of targets on scores (ties merged)."""
+# ----------------------------------------------------------------------------- isotonic regression
+
+
+def smoothed_isotonic_knots(scores: np.ndarray, targets: np.ndarray, centres: np.ndarray, prior: float, floor: float) -> Tuple[np.ndarray, np.ndarray]:
+    """Knots (x, y) of the increasing isotonic fit of targets on scores (ties merged), with the prior towards TS.
+
+    With m = ``prior`` > 0 each distinct score x_j keeps temperature scaling's value t̄_j (the mean
+    TS-calibrated score of its samples) plus its isotonic block's correction shrunk by m
+    pseudo-samples, y_j = t̄_j + (hits_B − Σ_B t) / (n_B + m), clipped to [floor, 1 − floor] and made
+    monotone by a weighted isotonic fit: m = ∞ follows TS (to the extent TS's score is monotone in
+    the uncalibrated one), m → 0 the block frequencies. m = 0 is the classic fit. At most
+    :data:`MAX_KNOTS` knots are kept (evenly spaced among the changes, both ends always);
+    otherwise both ends of every constant block, so linear interpolation between them is exact.
+    """
     from scipy.optimize import isotonic_regression
 
     x, inverse = np.unique(scores, return_inverse=True)
-    weights = np.bincount(inverse).astype(np.float64)
-    means = np.bincount(inverse, weights=targets) / weights
-    fitted = isotonic_regression(means, weights=weights, increasing=True).x
-    # keep both ends of every constant block: linear interpolation between them is exact
+    weights, hits, centre_sums = (np.bincount(inverse, weights=values) for values in (np.ones_like(targets), targets, centres))
+    fitted = isotonic_regression(hits / weights, weights=weights, increasing=True).x
+    if prior != 0:
+        block = np.concatenate([[0], np.cumsum(np.diff(fitted) != 0)])
+        residual = np.bincount(block, weights=hits - centre_sums) / (np.bincount(block, weights=weights) + prior)
+        values = np.clip(centre_sums / weights + residual[block], floor, 1 - floor)
+        fitted = isotonic_regression(values, weights=weights, increasing=True).x
     changes = np.flatnonzero(np.diff(fitted) != 0)
     keep = np.unique(np.concatenate([[0], changes, changes + 1, [len(x) - 1]]))
+    if len(keep) > MAX_KNOTS:
+        keep = keep[np.unique(np.linspace(0, len(keep) - 1, MAX_KNOTS).round().astype(np.int64))]
     return x[keep], fitted[keep]
+
+
+def isotonic_knots(logits: torch.Tensor, labels: torch.Tensor, mode: str, prior: float) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """Per map, the knots (x, y) of the isotonic fit with the prior m = ``prior`` on (N, C) logits.
+
+    The unsmoothed one-vs-rest fit (m = 0) avoids sorting every class's N scores
+    (:func:`.isotonic_ovr.one_vs_rest_isotonic_knots`) where the classes are balanced enough.
+    """
+    fits = one_vs_rest_isotonic_knots(logits, labels) if mode == "one_vs_rest" and prior == 0 else None
+    if fits is None:
+        rows = scored_rows(logits, labels, mode)
+        arrays = (rows.scores.cpu().numpy(), rows.targets.cpu().numpy(), rows.centres.cpu().numpy())
+        fits = [smoothed_isotonic_knots(*row, prior, floor_of(len(labels))) for row in zip(*arrays)]
+    return fits
+
+
+def padded_knots(fits: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(maps, K) knots_x and knots_y, each map's knots padded to a common length K ≥ 2 by repeating its last."""
+    length = max(2, max(len(x) for x, _ in fits))  # one distinct score gives one knot; the format needs two
+    knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
+    knots_y = np.stack([np.pad(y, (0, length - len(y)), mode="edge") for _, y in fits])
+    return torch.from_numpy(knots_x), torch.from_numpy(knots_y)
 
 
 def _interpolate(queries: torch.Tensor, knots_x: torch.Tensor, knots_y: torch.Tensor) -> torch.Tensor:
@@ -211,15 +396,17 @@ class IsotonicCalibration(Calibrator):
     method = "isotonic"
     title = "isotonic regression"
     description = ("Confidences are mapped through a monotone piecewise-linear function fitted by isotonic regression on "
-                   "the calibration data.")
+                   "the calibration data, smoothed towards temperature scaling by a prior whose weight is chosen by "
+                   "cross-fitted NLL.")
     citation = (
         "@inproceedings{zadrozny2002transforming, title={Transforming classifier scores into accurate multiclass "
         "probability estimates}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={KDD}, year={2002}}"
     )
+    requirements = BINNING_REQUIREMENTS
 
     @dataclasses.dataclass
-    class Options:
-        """Fit options of isotonic regression.
+    class Options(PriorOptions):
+        """Fit options of isotonic regression (and those of :class:`PriorOptions`: ``prior``, ``prior_grid``, ``folds``, ``seed``).
 
         Attributes:
             mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
@@ -230,6 +417,7 @@ class IsotonicCalibration(Calibrator):
         def __post_init__(self) -> None:
             check_fields(self)
             _check_mode(self.mode)
+            self.check_prior()
 
     def __init__(self, num_classes: int, mode: str = "top_label", num_knots: int = 2) -> None:
         super().__init__(num_classes)
@@ -254,14 +442,11 @@ class IsotonicCalibration(Calibrator):
         return _assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "IsotonicCalibration.Options") -> Dict[str, Any]:
-        fits = one_vs_rest_isotonic_knots(logits, labels) if self.mode == "one_vs_rest" else None
-        if fits is None:  # top-label, or one-vs-rest with classes too unbalanced for the gap tables
-            probs = torch.softmax(logits.double(), dim=1)
-            scores, targets = _scores(probs, self.mode).cpu().numpy(), _targets(probs, labels, self.mode).cpu().numpy()
-            fits = [_isotonic_knots(score, target) for score, target in zip(scores, targets)]
-        length = max(2, max(len(x) for x, _ in fits))  # one distinct score gives one knot; the format needs two
-        knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
-        knots_y = np.stack([np.pad(y, (0, length - len(y)), mode="edge") for _, y in fits])
-        self.knots_x = torch.from_numpy(knots_x).to(self.knots_x.device)
-        self.knots_y = torch.from_numpy(knots_y).to(self.knots_y.device)
-        return {"num_knots": length}
+        prior, scores = select_prior(logits, labels, self.mode, options, self._fitted_map)
+        knots_x, knots_y = padded_knots(isotonic_knots(logits, labels, self.mode, prior))
+        self.knots_x, self.knots_y = knots_x.to(self.knots_x.device), knots_y.to(self.knots_y.device)
+        return {"num_knots": int(knots_x.shape[1]), **_prior_summary(prior, scores)}
+
+    def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
+        knots_x, knots_y = (knots.to(logits.device) for knots in padded_knots(isotonic_knots(logits, labels, self.mode, prior)))
+        return lambda scores: _interpolate(scores, knots_x, knots_y)

@@ -30,6 +30,8 @@ WARN_AFTER_SECONDS = 60.0
 #: takes well under WARN_AFTER_SECONDS, and timing a millisecond is mostly noise
 TIME_FROM_WORK = 1e9
 HISTORY_SIZE = 20
+#: a fit whose objective still falls by more than this (nats) is reported as not converged
+VISIBLE_DECREASE = 1e-6
 
 
 def max_evaluations(max_iter: int) -> int:
@@ -94,14 +96,18 @@ def minimise(parameters: List[torch.Tensor], objective: Callable[[], torch.Tenso
     """Minimise ``objective`` over ``parameters`` (leaf tensors, updated in place) with L-BFGS.
 
     The parameters end at the best point evaluated. Returns ``loss`` (there), ``iterations``,
-    ``evaluations`` and ``interrupted`` (True when Ctrl-C stopped the fit early; only where
-    :func:`.base.fit_context` allows it, else the KeyboardInterrupt propagates).
+    ``evaluations``, ``converged`` (False only when its budget — ``max_iter`` iterations or their evaluations —
+    stopped the fit while its best
+    objective still fell by more than :data:`VISIBLE_DECREASE` nats over the last
+    :data:`HISTORY_SIZE` evaluations) and ``interrupted`` (True when Ctrl-C stopped the fit early;
+    only where :func:`.base.fit_context` allows it, else the KeyboardInterrupt propagates).
     """
     optimizer = torch.optim.LBFGS(
         parameters, lr=1.0, max_iter=max_iter, max_eval=max_evaluations(max_iter), tolerance_grad=1e-9,
         tolerance_change=TOLERANCE_CHANGE, history_size=HISTORY_SIZE, line_search_fn="strong_wolfe",
     )
-    best: Dict[str, Any] = {"loss": math.inf, "state": [tensor.detach().clone() for tensor in parameters], "evaluations": 0}
+    best: Dict[str, Any] = {"loss": math.inf, "state": [tensor.detach().clone() for tensor in parameters], "evaluations": 0,
+                            "trail": []}
     context = fit_context()
     with context.progress(max_evaluations(max_iter), description) as bar:
 
@@ -113,6 +119,7 @@ def minimise(parameters: List[torch.Tensor], objective: Callable[[], torch.Tenso
             best["evaluations"] += 1
             if value < best["loss"]:
                 best.update(loss=value, state=[tensor.detach().clone() for tensor in parameters])
+            best["trail"] = (best["trail"] + [best["loss"]])[-HISTORY_SIZE - 1:]
             bar.update(1)
             return loss
 
@@ -121,7 +128,10 @@ def minimise(parameters: List[torch.Tensor], objective: Callable[[], torch.Tenso
         for tensor, value in zip(parameters, best["state"]):  # the start if nothing was evaluated
             tensor.copy_(value)
     iterations = int(optimizer.state[parameters[0]].get("n_iter", 0))
-    return {"loss": best["loss"], "iterations": iterations, "evaluations": best["evaluations"], "interrupted": interrupted}
+    still_falling = best["trail"][0] - best["trail"][-1] > VISIBLE_DECREASE if best["trail"] else False
+    budget_spent = iterations >= max_iter or best["evaluations"] >= max_evaluations(max_iter)
+    return {"loss": best["loss"], "iterations": iterations, "evaluations": best["evaluations"],
+            "converged": not (still_falling and budget_spent), "interrupted": interrupted}
 
 
 def _step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.Tensor], interruptible: bool) -> bool:

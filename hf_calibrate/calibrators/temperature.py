@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .._warnings import warn_user
-from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, fit_context, require
+from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, require
 
 # T is kept within [1e-3, 1e3]: beyond this the model is constant or a hard argmax anyway.
 BETA_BOUNDS = (1e-3, 1e3)
@@ -142,28 +142,53 @@ def _without_minimum(logits: torch.Tensor, labels: torch.Tensor) -> Optional[str
     return "below chance" if float(slope_at_zero) >= 0 else None
 
 
-def warn_if_without_minimum(beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> None:
-    """Warn when ``beta``, fitted by :func:`fit_inverse_temperature` on ``logits`` over ``data`` (rows named
-    for the message), is a bound because the NLL has no minimum; ``fix`` says what to change for separable data.
+def without_minimum_message(beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> Optional[str]:
+    """The sentence saying that ``beta``, fitted by :func:`fit_inverse_temperature` on ``logits`` over ``data`` (rows
+    named for the message), is a bound because the NLL has no minimum, or None; ``fix`` says what to change for
+    separable data.
 
     The fit returns exactly a bound of :data:`BETA_BOUNDS` then (Newton's iterates stay strictly
     inside them), so other fits cost nothing here.
     """
     if beta not in BETA_BOUNDS:
-        return
+        return None
     reason = _without_minimum(logits, labels)
     if reason == "separable":
-        warn_user(
-            f"the temperature fitted on {data} has no minimum: every one of these rows is classified correctly, so the "
-            f"NLL keeps falling as T → 0 and the fit stops at its bound T = {1 / BETA_BOUNDS[1]:g}, a hard argmax with "
-            f"confidence ≈ 1. {fix}"
-        )
-    elif reason == "below chance":
-        warn_user(
-            f"the temperature fitted on {data} has no minimum: the true classes' logits are on average no higher than "
-            f"the mean logit, so the fit stops at its bound T = {1 / BETA_BOUNDS[0]:g} (nearly uniform probabilities). "
-            "Check that the labels use the model's class indices (its id2label order)."
-        )
+        return (f"the temperature fitted on {data} has no minimum: every one of these rows is classified correctly, so the "
+                f"NLL keeps falling as T → 0 and the fit stops at its bound T = {1 / BETA_BOUNDS[1]:g}, a hard argmax with "
+                f"confidence ≈ 1. {fix}")
+    if reason == "below chance":
+        return (f"the temperature fitted on {data} has no minimum: the true classes' logits are on average no higher than "
+                f"the mean logit, so the fit stops at its bound T = {1 / BETA_BOUNDS[0]:g} (nearly uniform probabilities). "
+                "Check that the labels use the model's class indices (its id2label order).")
+    return None
+
+
+def warn_if_without_minimum(beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str, fix: str) -> None:
+    """Warn (at the user's line) with :func:`without_minimum_message` when there is one."""
+    message = without_minimum_message(beta, logits, labels, data, fix)
+    if message is not None:
+        warn_user(message)
+
+
+#: a temperature within this factor of a bound of :data:`BETA_BOUNDS` is reported as at its bound
+NEAR_BOUND = 1.5
+
+
+def temperature_warnings(
+    beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str = "the calibration data", method: str = "temperature",
+) -> List[str]:
+    """One line per problem of a temperature fitted by ``method`` on ``logits`` over ``data``: no minimum (separable,
+    below chance), or T at (or within :data:`NEAR_BOUND` of) a bound."""
+    message = without_minimum_message(beta, logits, labels, data, CALIBRATION_DATA_FIX)
+    if message is not None:
+        return [f"{method}: {message}"]
+    low, high = BETA_BOUNDS
+    if beta < low * NEAR_BOUND or beta > high / NEAR_BOUND:
+        return [f"{method}: T = {1 / beta:.4g} is at its bound ({1 / high:g} to {1 / low:g}): a few rows dominate the fit. "
+                "Check the calibration data for rows with extreme logits (a corrupted input) and for labels outside the "
+                "model's class order."]
+    return []
 
 
 class TemperatureScaling(Calibrator):
@@ -211,9 +236,17 @@ class TemperatureScaling(Calibrator):
         return logits * torch.exp(-self.log_temperature).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "TemperatureScaling.Options") -> Dict[str, Any]:
+        """The NLL's minimiser T; on separable data, where T → 0 would give a hard argmax, T = 1 is kept (and said)."""
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
-        if fit_context().announce:
-            warn_if_without_minimum(beta, logits, labels, "the calibration data", CALIBRATION_DATA_FIX)
+        separable = beta == BETA_BOUNDS[1] and _without_minimum(logits, labels) == "separable"
+        lines = [separable_message(len(labels))] if separable else temperature_warnings(beta, logits, labels)
+        beta = 1.0 if separable else beta
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
-        return {"temperature": 1.0 / beta, "iterations": iterations}
+        return {"temperature": 1.0 / beta, "iterations": iterations, "warnings": lines, **({"refused": True} if separable else {})}
+
+
+def separable_message(rows: int) -> str:
+    """The line saying temperature scaling was not fitted on ``rows`` separable calibration rows."""
+    return (f"temperature: not fitted (T = 1 kept): all {rows} calibration rows are classified correctly, so the NLL keeps "
+            f"falling as T → 0 and its minimiser would be a hard argmax with confidence ≈ 1. {CALIBRATION_DATA_FIX}")

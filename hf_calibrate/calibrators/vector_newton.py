@@ -11,18 +11,24 @@ trial pass is the next iteration's pass, makes it safe. At 1,000 classes the cou
 and 2–3 iterations suffice (benchmarks/results/logit_fits.md); with 2 classes it is strongest
 (about a dozen). Scales stay within :data:`SCALE_BOUNDS` (a projected Newton step: a class at
 a bound whose gradient points outwards keeps its scale and moves only its bias).
+
+The objective may add :class:`TowardsTemperature`, a quadratic pull towards the temperature-scaling
+solution that is separable by class, so its Hessian blocks are exact and the steps unchanged in kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from .base import chunk_rows
 
 ARMIJO = 1e-4
+#: a fit stopped by max_iter whose predicted further decrease exceeds this (nats) is reported as not converged
+VISIBLE_DECREASE = 1e-6
 MAX_HALVINGS = 20
 #: the scales a_c are kept in [1e-4, 1e4] (just inside): the range a saved artifact allows for
 #: exp(log_scale). A class whose optimum lies beyond a bound (e.g. a negative scale) is held there.
@@ -54,41 +60,98 @@ def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch
     return float(loss) / logits.shape[0], sums / logits.shape[0]
 
 
-def fit_vector_scaling(logits: torch.Tensor, labels: torch.Tensor, beta: float, max_iter: int) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
-    """(scale a, bias b, summary) minimising the mean NLL of softmax(a ⊙ z + b), from a = β, b = 0 (TS).
+@dataclasses.dataclass(frozen=True)
+class TowardsTemperature:
+    """The penalty λ · mean_{i,c} ((a_c − β) z_ic + b_c)² pulling vector scaling towards temperature scaling.
+
+    It is the mean squared difference (logits², per sample and class) between the calibrated logits
+    a ⊙ z + b and temperature scaling's β z: zero at the TS solution (a = β, b = 0), and a quadratic
+    in each class's (a_c, b_c) with the 2×2 Hessian block (2λ/C)[[m2_c, m1_c], [m1_c, 1]], where
+    m1_c = mean_i z_ic and m2_c = mean_i z_ic².
+
+    Attributes:
+        strength: λ ≥ 0 (0: no pull).
+        beta: β = 1/T of the temperature-scaling solution pulled towards.
+        first, second: (C,) float64 m1 and m2 of the logits the fit runs on.
+    """
+
+    strength: float
+    beta: float
+    first: torch.Tensor
+    second: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, strength: float, beta: float) -> "TowardsTemperature":
+        first = logits.sum(dim=0, dtype=torch.float64) / logits.shape[0]
+        second = logits.square().sum(dim=0, dtype=torch.float64) / logits.shape[0]
+        return cls(float(strength), float(beta), first, second)
+
+    def terms(self, scale: torch.Tensor, bias: torch.Tensor) -> Tuple[float, torch.Tensor, torch.Tensor]:
+        """(penalty, (2, C) gradient in (a, b), (3, C) Hessian blocks (aa, ab, bb))."""
+        weight = self.strength / scale.shape[0]
+        shift = scale - self.beta
+        value = weight * float((shift.square() * self.second + 2 * shift * bias * self.first + bias.square()).sum())
+        gradient = 2 * weight * torch.stack([shift * self.second + bias * self.first, shift * self.first + bias])
+        blocks = 2 * weight * torch.stack([self.second, self.first, torch.ones_like(self.first)])
+        return value, gradient, blocks
+
+
+#: (scale, bias, objective, (2, C) gradient, (3, C) Hessian blocks) at one point
+State = Tuple[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor]
+
+
+def fit_vector_scaling(
+    logits: torch.Tensor, labels: torch.Tensor, beta: float, max_iter: int, strength: float = 0.0,
+    start: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
+    """(scale a, bias b, summary) minimising the mean NLL of softmax(a ⊙ z + b) plus the
+    :class:`TowardsTemperature` penalty of ``strength`` towards β; from ``start`` (scale, bias), by default
+    a = β, b = 0 (the TS solution).
 
     Stops when half the Newton decrement (the predicted decrease) is below the logits'
-    precision times the loss, when the line search cannot decrease the loss, or after
-    ``max_iter`` iterations (on data lacking some class the optimum lies at infinity).
+    precision times the objective, when the line search cannot decrease it, or after ``max_iter``
+    iterations (without the penalty, on separable data or data lacking some class, the optimum lies
+    at infinity). The summary: ``loss`` (NLL + penalty), ``iterations``, ``passes``, ``converged``
+    (False only when ``max_iter`` stopped the fit while its last predicted decrease, half the Newton
+    decrement, was above :data:`VISIBLE_DECREASE` nats) and ``classes_at_bound`` (scales ending at a
+    bound of :data:`SCALE_BOUNDS`).
     """
     classes = logits.shape[1]
     count = torch.bincount(labels, minlength=classes).double() / len(labels)
     true_sum = torch.zeros(classes, dtype=torch.float64, device=logits.device)
     true_sum.index_add_(0, labels, logits.gather(1, labels[:, None]).squeeze(1).double())
     true_sum /= len(labels)
-    scale = torch.full((classes,), beta, dtype=torch.float64, device=logits.device).clamp(*SCALE_BOUNDS)
-    bias = torch.zeros(classes, dtype=torch.float64, device=logits.device)
-    loss, sums = vector_scaling_pass(logits, labels, scale, bias)
-    passes, iteration, threshold = 1, 0, max(1e-10, torch.finfo(logits.dtype).eps * abs(loss))
-    while iteration < max_iter:
-        step_scale, step_bias = _newton_direction(sums, count, true_sum, scale)
-        decrement = -float((step_scale * (sums[0] - true_sum) + step_bias * (sums[1] - count)).sum())
-        if decrement / 2 <= threshold:
-            break
-        accepted, trials = _line_search(logits, labels, scale, bias, step_scale, step_bias, loss, decrement)
+    penalty = TowardsTemperature.of(logits, strength, beta)
+
+    def evaluate(scale: torch.Tensor, bias: torch.Tensor) -> State:
+        nll, sums = vector_scaling_pass(logits, labels, scale, bias)
+        value, gradient, blocks = penalty.terms(scale, bias)
+        return scale, bias, nll + value, torch.stack([sums[0] - true_sum, sums[1] - count]) + gradient, sums[2:] + blocks
+
+    if start is None:
+        start = (torch.full((classes,), beta, dtype=torch.float64, device=logits.device), torch.zeros(classes, dtype=torch.float64, device=logits.device))
+    state = evaluate(start[0].double().clamp(*SCALE_BOUNDS), start[1].double())
+    passes, iteration, stopped, decrement = 1, 0, False, math.inf
+    threshold = max(1e-10, torch.finfo(logits.dtype).eps * abs(state[2]))
+    while iteration < max_iter and not stopped:
+        step_scale, step_bias = _newton_direction(state[3], state[4], state[0])
+        decrement = -float((step_scale * state[3][0] + step_bias * state[3][1]).sum())
+        accepted, trials = (None, 0) if decrement / 2 <= threshold else _line_search(evaluate, state, step_scale, step_bias, decrement)
         passes += trials
-        if accepted is None:
-            break
-        scale, bias, loss, sums = accepted
-        iteration += 1
-    return scale, bias, {"loss": loss, "iterations": iteration, "passes": passes}
+        stopped = accepted is None  # the predicted or achievable decrease is below the logits' precision
+        if accepted is not None:
+            state, iteration = accepted, iteration + 1
+    converged = stopped or decrement / 2 <= VISIBLE_DECREASE
+    at_bound = int(((state[0] <= SCALE_BOUNDS[0] * 1.0001) | (state[0] >= SCALE_BOUNDS[1] / 1.0001)).sum())
+    summary = {"loss": state[2], "iterations": iteration, "passes": passes, "converged": bool(converged), "classes_at_bound": at_bound}
+    return state[0], state[1], summary
 
 
-def _newton_direction(sums: torch.Tensor, count: torch.Tensor, true_sum: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _newton_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """−H_c⁻¹ g_c for each class's 2×2 block, shortened per class to stop at a scale bound; a class held at
     a bound (its gradient pointing outwards) takes the 1-D Newton step in its bias only."""
-    grad_scale, grad_bias = sums[0] - true_sum, sums[1] - count
-    h_aa, h_ab, h_bb = sums[2], sums[3], sums[4]
+    grad_scale, grad_bias = gradient[0], gradient[1]
+    h_aa, h_ab, h_bb = blocks[0], blocks[1], blocks[2]
     ridge = 1e-12 * (h_aa + h_bb).clamp_min(1e-300)
     determinant = (h_aa + ridge) * (h_bb + ridge) - h_ab.square()
     step_scale = -((h_bb + ridge) * grad_scale - h_ab * grad_bias) / determinant
@@ -103,14 +166,16 @@ def _newton_direction(sums: torch.Tensor, count: torch.Tensor, true_sum: torch.T
     return step_scale * shrink, step_bias * shrink  # a positive factor per block keeps a descent direction
 
 
-def _line_search(logits, labels, scale, bias, step_scale, step_bias, loss, decrement):
-    """Armijo backtracking from the full step: ((scale, bias, loss, sums) or None on failure, passes made)."""
+def _line_search(
+    evaluate: Callable[[torch.Tensor, torch.Tensor], State], state: State, step_scale: torch.Tensor, step_bias: torch.Tensor,
+    decrement: float,
+) -> Tuple[Optional[State], int]:
+    """Armijo backtracking from the full step: (the accepted state or None on failure, passes made)."""
     length = 1.0
     for trial in range(1, MAX_HALVINGS + 1):
-        new_scale = (scale + length * step_scale).clamp(*SCALE_BOUNDS)  # only rounding can leave the bounds
-        new_bias = bias + length * step_bias
-        new_loss, new_sums = vector_scaling_pass(logits, labels, new_scale, new_bias)
-        if math.isfinite(new_loss) and new_loss <= loss - ARMIJO * length * decrement:
-            return (new_scale, new_bias, new_loss, new_sums), trial
+        new_scale = (state[0] + length * step_scale).clamp(*SCALE_BOUNDS)  # only rounding can leave the bounds
+        new_state = evaluate(new_scale, state[1] + length * step_bias)
+        if math.isfinite(new_state[2]) and new_state[2] <= state[2] - ARMIJO * length * decrement:
+            return new_state, trial
         length /= 2
     return None, MAX_HALVINGS

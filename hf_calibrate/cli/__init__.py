@@ -26,7 +26,7 @@ from .commands import run_compare, run_evaluate, run_fit, save_and_push
 from .entry import EXIT_ERROR, USER_ERRORS, main
 from .inputs import FLAG_OPTIONS, engine_options, fit_options, fit_splits, flag_options, load_data, process_state
 from .metric_keys import COMPARE_METRICS, DEMO_CHANGES, DEMO_METRICS, TABLE_METRICS
-from .output import Console, check_writable, draw_diagram, fallback_reported_here, format_table, metric_table
+from .output import Console, check_writable, draw_diagram, fit_warnings_reported_here, format_table, metric_table
 from .parser import EXIT_USAGE, PROG, ArgumentParser, build_parser, parse_option
 
 # Names that moved into the library, still importable from here (imported when first used).
@@ -59,7 +59,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "COMPARE_METRICS", "DEMO_CHANGES", "DEMO_METRICS", "EXIT_ERROR", "EXIT_USAGE", "FLAG_OPTIONS", "PROG", "TABLE_METRICS",
     "USER_ERRORS", "ArgumentParser", "Console", "UserError", "build_parser", "check_writable", "draw_diagram",
-    "engine_options", "fallback_reported_here", "fit_options", "fit_splits", "flag_options", "format_table", "load_data",
+    "engine_options", "fit_options", "fit_splits", "fit_warnings_reported_here", "flag_options", "format_table", "load_data",
     "main", "metric_table", "parse_option", "process_state", "run_compare", "run_evaluate", "run_fit", "save_and_push",
     *_MOVED, *_RENAMED,
 ]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .._errors import UserError
-from .inputs import engine_options, fit_options, fit_splits, flag_options, load_data
-from .output import Console, check_writable, draw_diagram, fallback_reported_here, metric_table
+from .inputs import engine_options, fit_options, fit_splits, flag_options, load_data, per_method_options
+from .output import Console, check_writable, draw_diagram, fit_warning_lines, fit_warnings_reported_here, metric_table
 
 if TYPE_CHECKING:
     from ..model_loading import LoadedModel
@@ -63,6 +63,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     console.warn(in_sample_warning(evaluation, data.available))
     fallback = calibrated.fallback_note()
     console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
+    for line in fit_warning_lines(calibrated):
+        console.warn(line)
     save_and_push(calibrated, args, state, console, base_model_id=loaded.hub_id)
 
 
@@ -131,13 +133,22 @@ def _check_compare_splits(args: argparse.Namespace, data: Any) -> None:
                         f"{data.names['calibration']!r} (its splits: {data.available}); add one, or name it with --eval-split.")
 
 
+def _merged(flags: Dict[str, Any], own: Dict[str, Any], method: str) -> Dict[str, Any]:
+    """The flags' options with a method's own ``--option`` values; one set both ways differently is an error."""
+    clashes = sorted(key for key in own if key in flags and flags[key] != own[key])
+    if clashes:
+        raise UserError(f"{', '.join(clashes)} of {method} given both as --option and as a flag; give each once.")
+    return {**flags, **own}
+
+
 def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
     from .. import comparison
     from ..backbones import adapt
     from ..modeling import CalibratedModel
-    from ..reporting import source_display_name
+    from ..reporting import METRIC_NAMES, source_display_name
 
+    own_options = per_method_options(args.option, args.methods)  # before any loading: a typo fails at once
     if state.is_main_process:
         check_writable(args.output, "--output", folder=True)
     loaded = _load_model(args, state)
@@ -147,16 +158,24 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     _check_compare_splits(args, data)
     options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
     models = {}
-    with fallback_reported_here():
+    with fit_warnings_reported_here():
         for method in args.methods:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
             models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
-                                                 validation_data=data.splits.get("validation"), **options)
+                                                 validation_data=data.splits.get("validation"),
+                                                 **_merged(options, own_options[method], method))
             fallback = models[method].fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
+            for line in fit_warning_lines(models[method]):
+                console.warn(line)
     result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
                                 bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),
                                 split=data.names["evaluation"], **engine_options(options))
+    for row in result["rows"]:
+        if row["made_worse"]:
+            worse = " and ".join(METRIC_NAMES[key] for key in row["made_worse"])
+            console.warn(f"{row['name']} made the {worse} on {data.names['evaluation']!r} worse than the uncalibrated model's "
+                         "(paired 95 % interval above 0): it leaves the model worse calibrated than no calibration here.")
     table = comparison.markdown_table(result)
     console.result(table)
     if state.is_main_process:

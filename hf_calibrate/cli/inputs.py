@@ -29,6 +29,23 @@ def fit_options(args: argparse.Namespace) -> Dict[str, Any]:
     return options
 
 
+def per_method_options(pairs: Sequence[Any], methods: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """compare's ``--option`` pairs as {method: its options}: ``METHOD.KEY=VALUE`` for that method only,
+    ``KEY=VALUE`` for every method (engine options such as ``batch_size``). Each key is checked by the fit itself."""
+    options: Dict[str, Dict[str, Any]] = {method: {} for method in methods}
+    for key, value in pairs:
+        method, dot, name = key.rpartition(".")
+        targets = [method] if dot else list(methods)
+        if dot and method not in options:
+            raise UserError(f"--option {key}=...: {method!r} is not one of --methods ({','.join(methods)}); write "
+                            f"METHOD.KEY=VALUE with one of them, or KEY=VALUE for every method.")
+        for target in targets:
+            if name in options[target]:
+                raise UserError(f"--option {key}=... sets {name} of {target} twice.")
+            options[target][name] = value
+    return options
+
+
 def flag_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Engine and data options set by flags (``--batch-size``, ``--label-column``, ...), left out when not given."""
     options = {name: getattr(args, name, None) for name in FLAG_OPTIONS}

@@ -7,7 +7,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .._errors import UserError
 from .metric_keys import TABLE_METRICS
@@ -88,10 +88,18 @@ def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
 
 
 @contextlib.contextmanager
-def fallback_reported_here() -> Iterator[None]:
-    """Silence ``TemperatureScalingFallbackWarning`` inside: the commands print their own line about it."""
+def fit_warnings_reported_here() -> Iterator[None]:
+    """Silence ``TemperatureScalingFallbackWarning`` and ``CalibrationFitWarning`` inside: the commands print their
+    own plain line about each (:func:`fit_warning_lines`), not a Python warning."""
+    from ..fitting.calibrate import CalibrationFitWarning
     from ..modeling import TemperatureScalingFallbackWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TemperatureScalingFallbackWarning)
+        warnings.simplefilter("ignore", CalibrationFitWarning)
         yield
+
+
+def fit_warning_lines(calibrated: Any) -> List[str]:
+    """The lines of a fit's ``fit_summary["warnings"]``: a bound hit, separable data, no convergence, data near the least."""
+    return list(calibrated.fit_summary.get("warnings") or [])

@@ -45,10 +45,14 @@ EVALUATE_EPILOG = """examples:
 
 COMPARE_EPILOG = """examples:
   hf-calibrate compare --model ./my-vit --dataset ./digits --eval-split test --output ./vit-compare
-  hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,dirichlet,tst --metric nll --output out
+  hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,dirichlet,tst --metric ece --output out
+  hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,neural_clamping \
+      --option neural_clamping.epochs=5 --option batch_size=64 --output out
 
-Each method is fitted with its default options on the calibration split; methods whose paired
-difference to the best holds 0 are marked as tied with it: the test split cannot tell them apart."""
+Each method is fitted with its default options (and those --option gives it) on the calibration split, and
+ranked by the NLL unless --metric says otherwise; methods whose paired difference to the best holds 0
+are marked as tied with it: the test split cannot tell them apart. A method whose NLL or Brier score is
+detectably worse than the uncalibrated model's is marked 'made worse', whatever its rank."""
 
 DEMO_EPILOG = """examples:
   hf-calibrate demo                        # both models, output in ./demo_output
@@ -203,7 +207,11 @@ def _add_compare(commands_: Any, common: argparse.ArgumentParser) -> None:
                          "'validation', 'eval', 'evaluation', 'dev' that the fits do not use)")
     compare.add_argument("--methods", type=_method_list, default=["temperature", "vector", "neural_clamping"],
                          help="comma-separated methods (default: temperature,vector,neural_clamping)")
-    compare.add_argument("--metric", default="ece", choices=COMPARE_METRICS, help="the ranking metric (default: ece)")
+    compare.add_argument("--metric", default="nll", choices=COMPARE_METRICS,
+                         help="the ranking metric (default: nll, a proper score)")
+    compare.add_argument("--option", action="append", type=parse_option, default=[], metavar="[METHOD.]KEY=VALUE",
+                         help="an option of one method (METHOD.KEY=VALUE, e.g. neural_clamping.epochs=5) or of every "
+                         "method (KEY=VALUE, e.g. batch_size=64), repeatable; values are JSON when they parse")
     compare.add_argument("--n-bins", type=int, default=15, help="bins of the binned metrics (default 15)")
     compare.add_argument("--seed", type=int, help="seed of the fits and of the bootstrap (default 0)")
     compare.add_argument("--output", type=Path, required=True,

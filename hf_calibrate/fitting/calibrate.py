@@ -46,6 +46,13 @@ class TemperatureScalingFallbackWarning(UserWarning):
     """A Neural Clamping fit fell back to plain temperature scaling: δ did not help on the held-out selection data."""
 
 
+class CalibrationFitWarning(UserWarning):
+    """A fit hit a bound, found its data separable, did not converge, or was given data near the least it needs.
+
+    Each is one line of ``fit_summary["warnings"]`` (saved with the record), said at the user's line.
+    """
+
+
 @dataclasses.dataclass
 class FittedCalibration:
     """What :func:`fit_calibration` returns: everything a ``CalibratedModel`` is built from, besides its base.
@@ -169,6 +176,8 @@ def fit_calibration(
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
         warn_user(f"{note} {reporting.FALLBACK_ADVICE}", TemperatureScalingFallbackWarning)
+    for line in summary.get("warnings", []) if engine.is_main else []:
+        warn_user(line, CalibrationFitWarning)
     return FittedCalibration(
         calibrator=calibrator,
         config=_config(backbone, method, calibrator.num_classes),

@@ -20,7 +20,8 @@ import torch
 
 from ..backbones import Backbone
 from ..calibrators import Calibrator, HeadCalibrator, NeuralClamping, calibrator_class
-from ..calibrators.base import FitContext
+from ..calibrators.base import FitContext, check_fit_logits
+from ..calibrators.requirements import DataRequirements, check_calibration_data
 from ..data import CalibrationData
 from .engine import Engine
 from .heads import fit_head, head_facts
@@ -70,12 +71,18 @@ class Family:
 
 
 def _fit_on_logits(calibrator: Calibrator, options: Any, inputs: FitInputs) -> Dict[str, Any]:
-    """One pass caches the base logits of all the data, then ``calibrator.fit_logits``."""
+    """One pass caches the base logits of all the data; they are checked against the method's
+    :class:`~hf_calibrate.calibrators.requirements.DataRequirements` (refused below them, warned about
+    near them), then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's."""
     engine = inputs.engine
     logits, labels = engine.collect_logits(inputs.backbone, inputs.data)
+    needs = getattr(calibrator, "requirements", DataRequirements())
+    checked_labels = check_fit_logits(logits, labels, calibrator.num_classes)
+    data_warnings = check_calibration_data(logits, checked_labels, calibrator.method, needs)
     context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main)
     summary = dict(calibrator.fit_logits(logits, labels, options, context))
     summary["fit_samples"] = len(labels)
+    summary["warnings"] = data_warnings + list(summary.get("warnings", []))
     return summary
 
 

@@ -243,17 +243,20 @@ def test_temperature_after_the_head_on_a_separate_split(problem):
     assert fitted.calibrator.log_temperature.exp().item() == pytest.approx(temperature["temperature"], rel=1e-6)
 
 
-def test_a_temperature_on_rows_the_head_separates_warns(problem):
-    """Labels the fitted head gets all right: its temperature NLL has no minimum, and the fit says so."""
+def test_a_temperature_on_rows_the_head_separates_is_refused_and_said(problem):
+    """Labels the fitted head gets all right: a temperature there would fall towards 0 (a hard argmax), so it is
+    not fitted (T = 1), and the fit says so in one line: a warning, the summary's warnings."""
     model = overconfident_classifier()
     options = dict(method="tst", validation_data=problem["validation"], epochs=3, lr=3e-3, progress=False, seed=0)
     inputs = problem["test"].tensors[0]
     plain = CalibratedModel.fit(model, problem["train"], **options)
     with torch.no_grad():
         predicted = plain(inputs).argmax(1)
-    with pytest.warns(UserWarning, match="has no minimum: every one of these rows is classified correctly.*temperature=False"):
+    with pytest.warns(UserWarning, match="the temperature was not fitted \\(T = 1 kept\\): the new head gets 0 of the .*temperature=False"):
         fitted = CalibratedModel.fit(model, problem["train"], temperature=True, temperature_data=TensorDataset(inputs, predicted), **options)
-    assert fitted.fit_summary["temperature"]["temperature"] == pytest.approx(1e-3, rel=1e-6)
+    assert fitted.fit_summary["temperature"]["temperature"] == 1.0 and fitted.fit_summary["temperature"]["refused"]
+    assert fitted.calibrator.log_temperature.item() == 0.0
+    assert len(fitted.fit_summary["warnings"]) == 1
 
 
 def test_features_past_spill_bytes_are_memory_mapped_and_leave_nothing_behind(problem, tmp_path):

@@ -343,17 +343,33 @@ def test_help_shows_examples(command, capsys):
     assert "examples:" in out and f"hf-calibrate {command[0] if command else 'demo'}" in out
 
 
-def test_compare_ranks_methods_on_the_held_out_split_and_writes_table_json_and_diagrams(digits_cnn, digits_folder, tmp_path):
+def test_compare_ranks_methods_on_the_held_out_split_and_writes_table_json_and_diagrams(digits_cnn, digits_folder, tmp_path, capsys):
+    """Ranked by NLL (a proper score) by default; a per-method --option reaches only its method; each row is held
+    against the uncalibrated model on NLL and Brier, and a row made worse is flagged in the table and in a line."""
     output = tmp_path / "compare"
     assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--methods",
-                 "temperature,histogram", "--bootstrap", "200", "--no-progress", "--output", str(output)]) == 0
+                 "temperature,histogram", "--option", "histogram.n_bins=5", "--bootstrap", "200", "--no-progress",
+                 "--output", str(output)]) == 0
     result = json.loads((output / "comparison.json").read_text())
-    assert result["split"] == "test" and result["bootstrap"]["replicates"] == 200
+    assert result["metric"] == "nll" and result["split"] == "test" and result["bootstrap"]["replicates"] == 200
     assert {row["name"] for row in result["rows"]} == {"uncalibrated", "temperature", "histogram"}
-    assert [row["metrics"]["ece"] for row in result["rows"]] == sorted(row["metrics"]["ece"] for row in result["rows"])
+    assert [row["metrics"]["nll"] for row in result["rows"]] == sorted(row["metrics"]["nll"] for row in result["rows"])
+    for row in result["rows"]:
+        assert set(row["versus_uncalibrated"]) == (set() if row["name"] == "uncalibrated" else {"nll", "brier"})
+        worse = [key for key, interval in row["versus_uncalibrated"].items() if interval["low"] > 0]
+        assert row["made_worse"] == worse
     table = (output / "comparison.md").read_text(encoding="utf-8")
-    assert "Ranked by ECE on" in table and "test split" in table
+    assert "Ranked by NLL on" in table and "test split" in table and "vs uncalibrated" in table
     assert (output / "comparison.png").read_bytes().startswith(b"\x89PNG")
+    err = capsys.readouterr().err
+    assert all(f"warning: {row['name']} made the" in err for row in result["rows"] if row["made_worse"])
+    assert "Traceback" not in err and "UserWarning" not in err  # fit warnings are plain lines, not Python warnings
+
+
+def test_compare_refuses_an_option_for_a_method_it_does_not_fit(capsys, tmp_path):
+    assert main(["compare", "--model", "x", "--dataset", "y", "--methods", "temperature", "--option", "vector.l2=1",
+                 "--output", str(tmp_path / "z")]) == 1
+    assert "'vector' is not one of --methods (temperature); write METHOD.KEY=VALUE" in capsys.readouterr().err
 
 
 def test_compare_refuses_a_dataset_without_a_held_out_split(digits_cnn, tmp_path, capsys):

@@ -137,3 +137,32 @@ def test_fit_freezes_without_copying(cnn, data):
     assert not any(p.requires_grad for p in cnn.parameters()) and not cnn.training
     calibrated.train()
     assert not calibrated.base_model.training  # the base stays in eval mode
+
+
+def test_too_little_calibration_data_is_refused_before_fitting_with_the_fix(cnn, data):
+    """One row, or rows of a single class, cannot determine per-class parameters: refused, naming the count and the fix."""
+    with pytest.raises(ValueError, match=r"vector needs at least 10 rows in the calibration data, which have 1 .*Calibrate on more"):
+        CalibratedModel.fit(cnn, TensorDataset(data.tensors[0][:1], data.tensors[1][:1]), method="vector", progress=False)
+    one_class = TensorDataset(data.tensors[0], torch.zeros(40, dtype=torch.long))
+    with pytest.raises(ValueError, match="dirichlet needs at least 2 distinct classes in the calibration data, which have 1"):
+        CalibratedModel.fit(cnn, one_class, method="dirichlet", progress=False)
+
+
+def test_fit_warnings_point_at_the_users_line_and_are_kept_in_the_summary_and_the_record(cnn, data, tmp_path):
+    """One input with a huge pixel: the rows are named before fitting, the temperature's bound after; each is one
+    CalibrationFitWarning at this file's line, a line of fit_summary["warnings"], and saved with the record."""
+    import warnings
+
+    from hf_calibrate.fitting.calibrate import CalibrationFitWarning
+
+    pixels = data.tensors[0].clone()
+    pixels[3, 0, 0, 0] = 1e6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calibrated = CalibratedModel.fit(cnn, TensorDataset(pixels, data.tensors[1]), method="temperature", progress=False)
+    said = [w for w in caught if issubclass(w.category, CalibrationFitWarning)]
+    assert said and all(w.filename == __file__ for w in said)
+    assert [str(w.message) for w in said] == calibrated.fit_summary["warnings"]
+    assert any(line.startswith("calibration sample(s) 3 (row positions)") for line in calibrated.fit_summary["warnings"])
+    calibrated.save_pretrained(tmp_path / "saved")
+    assert CalibratedModel.from_pretrained(tmp_path / "saved").fit_summary["warnings"] == calibrated.fit_summary["warnings"]

@@ -58,15 +58,45 @@ def test_each_rows_points_are_what_evaluate_gives(result, models):
 
 
 def test_differences_to_the_best_are_paired_bootstrap_intervals_and_ties_hold_zero(result, models):
+    assert result["metric"] == "nll"  # a proper score by default
     best = result["rows"][0]
     assert best["versus_best"] is None and best["tied_with_best"]
     _, labels = models["test"].tensors
     for row in result["rows"][1:]:
         want = paired_bootstrap_intervals(_outputs(models, row["name"]), _outputs(models, best["name"]), labels,
-                                          metrics=["ece"], replicates=REPLICATES, seed=2, from_logits=True)["ece"]
+                                          metrics=["nll"], replicates=REPLICATES, seed=2, from_logits=True)["nll"]
         got = row["versus_best"]
         assert [got[key] for key in ("point", "low", "high")] == pytest.approx([want.point, want.low, want.high], rel=1e-6, abs=1e-9)
         assert row["tied_with_best"] == (got["low"] <= 0.0 <= got["high"])
+
+
+def test_every_method_is_held_against_the_uncalibrated_model_on_nll_and_brier(result, models):
+    """Whatever the ranking metric: the paired interval row − uncalibrated of NLL and Brier, and "made worse" exactly
+    when it lies above 0."""
+    _, labels = models["test"].tensors
+    for row in result["rows"]:
+        if row["name"] == UNCALIBRATED:
+            assert row["versus_uncalibrated"] == {} and row["made_worse"] == []
+            continue
+        want = paired_bootstrap_intervals(_outputs(models, row["name"]), _outputs(models, UNCALIBRATED), labels,
+                                          metrics=["nll", "brier"], replicates=REPLICATES, seed=2, from_logits=True)
+        for key in ("nll", "brier"):
+            got = row["versus_uncalibrated"][key]
+            assert [got[end] for end in ("point", "low", "high")] == pytest.approx([want[key].point, want[key].low, want[key].high],
+                                                                                   rel=1e-6, abs=1e-9)
+        assert row["made_worse"] == [key for key in ("nll", "brier") if row["versus_uncalibrated"][key]["low"] > 0]
+
+
+def test_a_calibration_that_makes_the_nll_worse_is_flagged_whatever_its_ece_rank(models):
+    """A temperature far too low (T = e^-4: near-hard argmax) makes NLL and Brier worse than no calibration: flagged
+    in the row and the table, when ranked by ECE too."""
+    overconfident = copy.deepcopy(models["models"]["temperature"])
+    with torch.no_grad():
+        overconfident.calibrator.log_temperature.fill_(-4.0)
+    result = compare({"overconfident": overconfident}, models["test"], metric="ece", bootstrap=REPLICATES, seed=2, progress=False)
+    row = next(row for row in result["rows"] if row["name"] == "overconfident")
+    assert row["made_worse"] == ["nll", "brier"]
+    assert "**made worse: NLL, Brier**" in markdown_table(result)
 
 
 def test_a_model_compared_with_itself_is_tied_at_exactly_zero(models):
