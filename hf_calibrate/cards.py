@@ -81,6 +81,23 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
     return results
 
 
+FALLBACK_TITLE = "Temperature scaling (Neural Clamping fell back: δ did not help on held-out data)"
+
+
+def fell_back(record: Dict[str, Any]) -> bool:
+    """Whether a record is a Neural Clamping fit that fell back to temperature scaling (δ = 0)."""
+    summary = record["fit"].get("summary") or {}
+    return record["method"] == "neural_clamping" and bool(summary.get("fell_back_to_temperature_scaling"))
+
+
+def method_title(record: Dict[str, Any]) -> str:
+    """What the card calls the fitted method: its title, or the fall-back's name when NC fell back to TS."""
+    if fell_back(record):
+        return FALLBACK_TITLE
+    method = calibrator_class(record["method"])
+    return method.title or method.method
+
+
 def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     summary = record["fit"].get("summary") or {}
     if record["method"] != "neural_clamping" or not summary.get("holdout_samples"):
@@ -90,10 +107,30 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if text is None:
         chosen = summary["selected"]
         baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
-        text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}, epoch {chosen['epoch']} of {summary['epochs']}: "
+        text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}, {_when(summary, chosen)}: "
                 f"held-out {metric} {_fmt(chosen[f'holdout_{metric}'])} against {_fmt(baseline)} for temperature "
                 f"scaling; T = {_fmt(chosen['temperature'])}, ‖δ‖₂ = {_fmt(chosen['delta_norm'])}.")
-    return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"], "text": text}
+    return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"],
+            "text": f"{schedule_text(summary)} {text}".strip()}
+
+
+def _when(summary: Dict[str, Any], chosen: Dict[str, Any]) -> str:
+    """Where the chosen state stands in its run: ``epoch E of N`` (SGD) or ``iteration I`` (L-BFGS)."""
+    if summary.get("optimizer") == "lbfgs":
+        return f"iteration {chosen['iteration']}"
+    return f"epoch {chosen['epoch']} of {summary['epochs']}"
+
+
+def schedule_text(summary: Dict[str, Any]) -> str:
+    """The fit's effective schedule in steps and passes over the data (empty when the summary does not say)."""
+    if summary.get("optimizer") == "lbfgs":
+        plan = (f"{summary['folds']}-fold cross-fitting" if summary.get("folds", 1) > 1 else "one held-out part")
+        refit = " (refitted on all the data)" if summary.get("folds", 1) > 1 and not summary.get("fell_back_to_temperature_scaling") else ""
+        return (f"Full-batch L-BFGS, stopped early by {plan}: {summary.get('iterations')} iteration(s) kept{refit}, "
+                f"{summary.get('evaluations')} passes of the base model over calibration rows in all.")
+    if "epochs" in summary and "steps_per_epoch" in summary:
+        return f"SGD: {summary['epochs']} epoch(s) × {summary['steps_per_epoch']} step(s) over {summary.get('fit_samples')} samples."
+    return ""
 
 
 def _listed(values: Any) -> str:
@@ -170,7 +207,7 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
     classifier = (record.get("base_model") or {}).get("classifier")
     if classifier:
         items.append(f"The new head replaces the base model's layer `{classifier}`.")
-    if record["method"] == "neural_clamping":
+    if record["method"] == "neural_clamping" and not fell_back(record):
         contract = record.get("input_contract") or {}
         items.append(
             f"δ is tied to the model's input after preprocessing ({contract.get('space')}, shape "
@@ -243,7 +280,8 @@ def _card_data(record: Dict[str, Any], name: str, evaluation: Optional[Dict[str,
         base_model=base.get("repo_id") or None,
         library_name="hf_calibrate",
         pipeline_tag=_PIPELINE_TAGS.get(base["task"]),
-        tags=["calibration", "hf_calibrate", method.replace("_", "-"), base["library"]],
+        tags=["calibration", "hf_calibrate", method.replace("_", "-"), *(["temperature-scaling"] if fell_back(record) else []),
+              base["library"]],
         eval_results=eval_results(evaluation, base["task"]) or None,
         **relation,
     )
@@ -281,8 +319,9 @@ def render_card(
         base_weights_note=weights_note,
         library_version=record["library_version"],
         changes_predictions=not method.preserves_argmax,
-        method_title=method.title or method.method,
-        method_description=method.description,
+        method_title=method_title(record),
+        method_description=(calibrator_class("temperature").description + " " + reporting.fallback_note(
+            record["fit"]["summary"], recorded_select_metric(record["options"]))) if fell_back(record) else method.description,
         hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
         fit=fit,
@@ -300,11 +339,11 @@ def render_card(
 DIAGRAM_SIDES = ("uncalibrated", "calibrated")
 
 
-def write_diagram(folder: Path, evaluation: Dict[str, Any]) -> Optional[str]:
+def write_diagram(folder: Path, evaluation: Dict[str, Any], method: Optional[str] = None) -> Optional[str]:
     """Draw the before/after reliability diagrams of ``evaluation`` into ``folder``; None if matplotlib is missing.
 
     ``evaluation``: a :meth:`CalibratedModel.evaluate` result or a record's ``evaluation`` entry; the
-    title says what it was computed on, and whether in-sample.
+    title names ``method`` (the fitted method's title), what it was computed on, and whether in-sample.
     """
     try:
         from .plotting import compare_reliability_diagrams
@@ -313,16 +352,18 @@ def write_diagram(folder: Path, evaluation: Dict[str, Any]) -> Optional[str]:
     reliability = evaluation["reliability"]
     panels = {side: reliability[side] for side in DIAGRAM_SIDES if side in reliability}
     try:
-        compare_reliability_diagrams(panels, path=folder / DIAGRAM_FILE, title=diagram_title(evaluation))
+        compare_reliability_diagrams(panels, path=folder / DIAGRAM_FILE, title=diagram_title(evaluation, method))
     except ImportError:
         return None
     return DIAGRAM_FILE
 
 
-def diagram_title(evaluation: Dict[str, Any]) -> str:
-    """The title of an evaluation's reliability diagram: what it was computed on and, on a second line, whether in-sample."""
+def diagram_title(evaluation: Dict[str, Any], method: Optional[str] = None) -> str:
+    """The title of an evaluation's reliability diagram: the method (when given), what it was computed on and, on a
+    second line, whether in-sample."""
     in_sample = f"\n{reporting.IN_SAMPLE_NOTE.capitalize()}" if evaluation.get("in_sample") else ""
-    return f"Reliability on {reporting.evaluated_on(evaluation)}{in_sample}"
+    named = f" of {method}" if method else ""
+    return f"Reliability{named} on {reporting.evaluated_on(evaluation)}{in_sample}"
 
 
 def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(info.key for info in CARD_METRICS)) -> Dict[str, Any]:

@@ -110,7 +110,7 @@ class NeuralClamping(Calibrator):
                 given, else ``"lbfgs"``); the resolved name is recorded.
             max_iterations: L-BFGS iterations at most per run (default 12).
             patience: L-BFGS stops this many iterations after the best pooled held-out score (default 2).
-            folds: cross-fitting folds of the L-BFGS optimiser (default None: 5 when the calibration
+            folds: cross-fitting folds of the L-BFGS optimiser (default None: 2 when the calibration
                 data hold 50 to 10,000 samples, else 1 — a single ``holdout_fraction`` part, kept
                 as fitted without a refit, like the SGD optimiser's). ``validation_data=`` replaces
                 the folds by that one selection set.

@@ -238,12 +238,23 @@ class TemperatureScaling(Calibrator):
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "TemperatureScaling.Options") -> Dict[str, Any]:
         """The NLL's minimiser T; on separable data, where T → 0 would give a hard argmax, T = 1 is kept (and said)."""
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
-        separable = beta == BETA_BOUNDS[1] and _without_minimum(logits, labels) == "separable"
+        separable = is_separable_fit(beta, logits, labels)
         lines = [separable_message(len(labels))] if separable else temperature_warnings(beta, logits, labels)
         beta = 1.0 if separable else beta
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
         return {"temperature": 1.0 / beta, "iterations": iterations, "warnings": lines, **({"refused": True} if separable else {})}
+
+
+def is_separable_fit(beta: float, logits: torch.Tensor, labels: torch.Tensor) -> bool:
+    """Whether ``beta`` (from :func:`fit_inverse_temperature`) is the upper bound because every row is classified correctly."""
+    return beta == BETA_BOUNDS[1] and _without_minimum(logits, labels) == "separable"
+
+
+def temperature_method_beta(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """1/T exactly as the ``temperature`` method fits it: the NLL's minimiser, or 1 on separable rows."""
+    beta, _ = fit_inverse_temperature(logits.detach(), labels)
+    return 1.0 if is_separable_fit(beta, logits, labels) else beta
 
 
 def separable_message(rows: int) -> str:

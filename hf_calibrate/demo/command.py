@@ -12,7 +12,7 @@ import argparse
 import copy
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..cli.inputs import flag_options
 from ..cli.metric_keys import DEMO_CHANGES, DEMO_METRICS
@@ -108,9 +108,10 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
         settings.append(_settings_line(model.name, config, calibration, test))
         for method in DEMO_METHODS:
             console.note(f"[{position}/{len(args.models)}] {key}: {method} on {len(calibration)} calibration samples")
-            evaluation = _calibrate(model, spec, config, method, inputs, args, state, console)
-            rows.append(_row(model.name, method, evaluation))
-            changes.append(_change_row(model.name, method, evaluation))
+            evaluation, fell_back = _calibrate(model, spec, config, method, inputs, args, state, console)
+            label = f"{method} (fell back to TS)" if fell_back else method
+            rows.append(_row(model.name, label, evaluation))
+            changes.append(_change_row(model.name, label, evaluation))
     console.result(_report(rows, changes if args.bootstrap else [], settings, args.quick))
     console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
@@ -125,8 +126,9 @@ def _zoo_model(spec: DemoSpec, args: argparse.Namespace, state: Any) -> Any:
 
 
 def _calibrate(model: Any, spec: DemoSpec, config: DemoConfig, method: str, inputs: Any, args: argparse.Namespace, state: Any,
-               console: Console) -> Dict[str, Any]:
-    """Fit ``method`` on the calibration subset, evaluate it on the test subset, save it; returns the evaluation.
+               console: Console) -> Tuple[Dict[str, Any], bool]:
+    """Fit ``method`` on the calibration subset, evaluate it on the test subset, save it; returns the evaluation and
+    whether Neural Clamping fell back to temperature scaling.
 
     ``inputs``: (calibration subset, test subset, the preprocessor the model is calibrated with).
     """
@@ -143,7 +145,7 @@ def _calibrate(model: Any, spec: DemoSpec, config: DemoConfig, method: str, inpu
     console.warn(fallback and f"{model.name}, {method}: {fallback} {FALLBACK_SAVED}")
     evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", bootstrap=args.bootstrap, **flag_options(args))
     calibrated.save_pretrained(args.output / demo_folder(model.name, method), is_main_process=state.is_main_process)
-    return evaluation
+    return evaluation, bool(fallback)
 
 
 def _settings_line(name: str, config: DemoConfig, calibration: Any, test: Any) -> str:

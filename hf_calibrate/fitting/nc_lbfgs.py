@@ -9,7 +9,7 @@ run to convergence it can over-fit small calibration sets, so it is stopped on h
 Procedure (docs/design.md §3.2):
 
 1. one forward pass caches the base logits; the selection plan is ``folds`` stratified folds
-   (default 5 for 50–10,000 samples), a single ``holdout_fraction`` part, ``validation_data``, or
+   (default 2 for 50–10,000 samples), a single ``holdout_fraction`` part, ``validation_data``, or
    nothing (``holdout_fraction=0`` with one fold);
 2. for every (γ, λ) of the grid, one L-BFGS run per fold on the other folds, in lockstep: after
    each iteration every run scores its held-out fold, and the held-out logits of all runs are
@@ -42,7 +42,7 @@ from .engine import Engine
 #: salt of the fold assignment's generator (with the seed and the sample count)
 FOLD_SALT = 0xF01D5
 #: automatic folds: this many when the calibration data hold between the two sizes, else one held-out part
-AUTO_FOLDS, AUTO_FOLDS_SIZES = 5, (50, 10_000)
+AUTO_FOLDS, AUTO_FOLDS_SIZES = 2, (50, 10_000)
 
 
 def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: bool) -> int:

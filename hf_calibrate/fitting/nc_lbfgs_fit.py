@@ -13,7 +13,7 @@ import torch
 
 from ..backbones import Backbone
 from ..calibrators.neural_clamping import NeuralClamping
-from ..calibrators.temperature import CALIBRATION_DATA_FIX, warn_if_without_minimum
+from ..calibrators.temperature import CALIBRATION_DATA_FIX, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
@@ -131,7 +131,7 @@ def _fit_without_selection(fit: Fit, part: Part, logits: torch.Tensor, labels: t
     _set_calibrator(fit.calibrator, run.state.theta, fit.shape)
     summary = _summary(fit, folds=1, fit_samples=len(part.train), holdout_samples=0, logits=logits, labels=labels)
     summary["selected"] = _state_record(run.state, fit.shape, gamma, weight, iterations)
-    summary["iterations"] = iterations
+    summary.update(iterations=iterations, evaluations=fit.evaluations, fell_back_to_temperature_scaling=False)
     return summary
 
 
@@ -220,8 +220,8 @@ def _state_record(state: stepwise_lbfgs.LbfgsState, shape: Tuple[int, ...], gamm
 
 
 def _summary(fit: Fit, folds: int, fit_samples: int, holdout_samples: int, logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
-    """The summary's common part: optimiser, plan, schedule and the temperature-scaling fallback."""
-    log_t = ts_log_temperature(logits, labels)
+    """The summary's common part: optimiser, plan, schedule and the temperature-scaling fallback (the temperature method's fit)."""
+    log_t = -math.log(temperature_method_beta(logits, labels))
     return {
         "optimizer": "lbfgs", "folds": folds, "fit_samples": fit_samples, "holdout_samples": holdout_samples,
         "max_iterations": fit.options.max_iterations, "patience": fit.options.patience,

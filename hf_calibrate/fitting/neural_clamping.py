@@ -30,7 +30,7 @@ import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
-from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, warn_if_without_minimum
+from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
 from .. import _distributed
 from .engine import Engine, steps_per_epoch
@@ -265,7 +265,7 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
     if len(holdout_indices) > 0:
         baseline_scores = holdout_scores(holdout_logits * beta, holdout_labels, options.n_bins)
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
-            all_beta, _ = fit_inverse_temperature(all_logits, all_labels)
+            all_beta = temperature_method_beta(all_logits, all_labels)
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
     return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores)
 

@@ -451,7 +451,7 @@ def _write_files(
     if preprocessor is not None and hasattr(preprocessor, "save_pretrained"):
         preprocessor.save_pretrained(str(staging))
         _step("staged the preprocessor")
-    diagram = cards.write_diagram(staging, reliability) if reliability else None
+    diagram = cards.write_diagram(staging, reliability, cards.method_title(record)) if reliability else None
     cards.render_card(record, repo_id=repo_id, diagram=diagram).save(staging / CARD_FILE)
     _step(f"staged {CARD_FILE}")
     _give_new_file_mode(staging)

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "metrics": "bench_metrics.py",
     "nc_cost": "bench_nc_cost.py",
+    "nc_time_to_quality": "bench_nc_time_to_quality.py",  # the digits CNN on 120 rows, 1 seed; the reference only if its copy is set
     "inference": "bench_inference.py",
     "logit_fits": "bench_logit_fits.py",
     "head_cost": "bench_head_cost.py",

@@ -1,0 +1,157 @@
+"""Neural Clamping's default optimiser: the step-wise L-BFGS, the folds, and the cross-fitted fit's promises.
+
+Properties, not scores: L-BFGS lowers its objective every iteration and finds a known minimum;
+folds are balanced per class and seeded; the fit's choice is consistent with its own record
+(a fall-back is exactly the ``temperature`` method, a kept δ beat TS on the pooled held-out data,
+the refit takes the chosen number of iterations); SGD options select SGD, and asking for both is
+an error naming the fix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import _tiny_models as tm
+from hf_calibrate import CalibratedModel
+from hf_calibrate.calibrators.base import InvalidOptionError
+from hf_calibrate.calibrators.neural_clamping import NeuralClamping
+from hf_calibrate.fitting import stepwise_lbfgs
+from hf_calibrate.fitting.nc_lbfgs import resolved_folds, stratified_folds
+
+
+def _quadratic(matrix: torch.Tensor, target: torch.Tensor):
+    def evaluate(theta: torch.Tensor):
+        residual = theta - target
+        return float(0.5 * residual @ matrix @ residual), matrix @ residual
+    return evaluate
+
+
+def test_lbfgs_descends_every_iteration_and_finds_the_minimum_of_a_quadratic():
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(12, 12, generator=generator, dtype=torch.float64))[0]
+    matrix = basis @ torch.diag(torch.logspace(-1, 1, 12, dtype=torch.float64)) @ basis.T  # condition number 100
+    target = torch.randn(12, generator=generator, dtype=torch.float64)
+    evaluate = _quadratic(matrix, target)
+    state = stepwise_lbfgs.start(torch.zeros(12, dtype=torch.float64), evaluate)
+    values = [state.value]
+    for _ in range(200):
+        if not stepwise_lbfgs.iterate(state, evaluate):
+            break
+        values.append(state.value)
+    assert all(later < earlier for earlier, later in zip(values, values[1:]))
+    assert torch.allclose(state.theta, target, atol=1e-3)
+
+
+def test_lbfgs_first_step_is_cautious_and_a_minimum_is_converged():
+    evaluate = _quadratic(torch.eye(3, dtype=torch.float64), torch.tensor([3.0, -4.0, 0.0], dtype=torch.float64))
+    state = stepwise_lbfgs.start(torch.zeros(3, dtype=torch.float64), evaluate)
+    first = stepwise_lbfgs.direction(state)
+    assert float(first.abs().sum()) == pytest.approx(1.0)  # −∇f / ‖∇f‖₁ when ‖∇f‖₁ > 1
+    at_minimum = stepwise_lbfgs.start(torch.tensor([3.0, -4.0, 0.0], dtype=torch.float64), evaluate)
+    assert not stepwise_lbfgs.iterate(at_minimum, evaluate) and at_minimum.converged
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=10, max_size=200), st.integers(2, 7), st.integers(0, 2**31 - 1))
+def test_folds_are_balanced_per_class_and_seeded(labels, folds, seed):
+    labels = torch.tensor(labels)
+    folds = min(folds, len(labels))
+    assignment = stratified_folds(labels, folds, seed)
+    assert torch.equal(assignment, stratified_folds(labels, folds, seed))
+    sizes = torch.bincount(assignment, minlength=folds)
+    assert int(sizes.max() - sizes.min()) <= 1
+    for label in labels.unique():
+        per_fold = torch.bincount(assignment[labels == label], minlength=folds)
+        assert int(per_fold.max() - per_fold.min()) <= 1  # each class takes contiguous positions, dealt out in turn
+        assert int(per_fold.sum()) == int((labels == label).sum())
+
+
+def test_automatic_folds_and_too_many_folds():
+    options = NeuralClamping.Options()
+    assert resolved_folds(options, 49, False) == 1 and resolved_folds(options, 50, False) == 2
+    assert resolved_folds(options, 10_001, False) == 1 and resolved_folds(options, 500, True) == 1
+    with pytest.raises(ValueError, match="folds=8 needs at least 8 calibration samples, got 6"):
+        resolved_folds(NeuralClamping.Options(folds=8), 6, False)
+
+
+def test_sgd_options_select_sgd_and_asking_for_lbfgs_with_them_is_an_error():
+    assert NeuralClamping.Options().optimizer == "lbfgs"
+    sgd = NeuralClamping.Options(epochs=3)
+    assert sgd.optimizer == "sgd" and sgd.lr == 0.01 and sgd.momentum == 0.9
+    with pytest.raises(InvalidOptionError, match=r"\['epochs', 'lr'\].*optimizer='sgd'"):
+        NeuralClamping.Options(optimizer="lbfgs", epochs=3, lr=0.1)
+    with pytest.raises(InvalidOptionError, match="option optimizer must be one of"):
+        NeuralClamping.Options(optimizer="adam")
+
+
+def _objective(model, data, calibrated, gamma=1.0, weight=0.01) -> float:
+    from hf_calibrate.calibrators.neural_clamping import focal_loss
+
+    pixels, labels = data.tensors
+    with torch.no_grad():
+        logits = model(pixels + calibrated.calibrator.delta) / calibrated.calibrator.temperature
+        return float(focal_loss(logits, labels, gamma)) + weight * float(calibrated.calibrator.delta.norm())
+
+
+def test_the_cross_fitted_fit_keeps_its_promises():
+    """A kept δ beat TS on the pooled held-out data, the refit took the chosen iterations and lowered the objective
+    below TS's start; a fall-back is exactly the temperature method."""
+    base = tm.tiny_timm(0)
+    data = tm.image_data(base, 120, sharpness=8.0)
+    with tm.torch_threads(1):
+        calibrated = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, batch_size=40)
+        temperature = CalibratedModel.fit(base, data, method="temperature", progress=False)
+    summary = calibrated.fit_summary
+    assert summary["optimizer"] == "lbfgs" and summary["folds"] == 2 and summary["holdout_samples"] == 120
+    iterations = [record["iteration"] for record in summary["history"]]
+    assert iterations[0] == 0 and iterations == list(range(len(iterations))) and len(iterations) <= 13
+    baseline = summary["temperature_scaling"]["holdout_nll"]
+    assert summary["history"][0]["holdout_nll"] == pytest.approx(baseline, rel=1e-6)  # iteration 0 is TS, cross-fitted
+    if summary["fell_back_to_temperature_scaling"]:
+        assert torch.count_nonzero(calibrated.calibrator.delta) == 0
+        assert float(calibrated.calibrator.temperature) == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
+        assert min(record["holdout_nll"] for record in summary["history"]) >= baseline
+    else:
+        chosen = summary["selected"]
+        assert chosen["holdout_nll"] < baseline and summary["selection"]["nll_difference"]["point"] < 0
+        assert chosen["holdout_nll"] == min(record["holdout_nll"] for record in summary["history"])
+        assert summary["iterations"] == chosen["iteration"] == chosen["refit_iterations"]
+        start = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, max_iterations=1, folds=1, holdout_fraction=0.0)
+        start.calibrator.delta.data.zero_()
+        start.calibrator.log_temperature.data.copy_(temperature.calibrator.log_temperature)
+        assert _objective(base, data, calibrated) < _objective(base, data, start)
+    assert summary["evaluations"] >= 2 * (len(iterations) - 1)
+
+
+def test_a_fit_where_delta_cannot_help_falls_back_to_the_temperature_method():
+    """Labels drawn independently of the images: no δ beats TS held out (and TS is the temperature method's fit)."""
+    base = tm.tiny_timm(0)
+    pixels = tm.image_tensors(100, seed=1)
+    labels = torch.randint(0, tm.NUM_CLASSES, (100,), generator=torch.Generator().manual_seed(2))
+    data = torch.utils.data.TensorDataset(pixels, labels)
+    with tm.torch_threads(1):
+        calibrated = CalibratedModel.fit(base, data, method="neural_clamping", progress=False)
+        temperature = CalibratedModel.fit(base, data, method="temperature", progress=False)
+    summary = calibrated.fit_summary
+    if not summary["fell_back_to_temperature_scaling"]:  # the paired rule may still keep a δ; then it must have beaten TS
+        assert summary["selection"]["nll_difference"]["point"] < 0
+        return
+    assert torch.count_nonzero(calibrated.calibrator.delta) == 0 and summary["iterations"] == 0
+    assert float(calibrated.calibrator.temperature) == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
+
+
+def test_one_held_out_part_keeps_the_runs_own_state_and_nothing_held_out_keeps_the_last():
+    base = tm.tiny_timm(0)
+    data = tm.image_data(base, 80, sharpness=8.0)
+    with tm.torch_threads(1):
+        single = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, folds=1, holdout_fraction=0.25)
+        none = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, folds=1, holdout_fraction=0.0, max_iterations=3)
+    assert single.fit_summary["folds"] == 1 and single.fit_summary["holdout_samples"] == 20 and single.fit_summary["fit_samples"] == 60
+    assert none.fit_summary["holdout_samples"] == 0 and none.fit_summary["iterations"] <= 3
+    assert not none.fit_summary["fell_back_to_temperature_scaling"]
+    assert math.isfinite(float(none.calibrator.temperature))
