@@ -124,10 +124,11 @@ def _when(summary: Dict[str, Any], chosen: Dict[str, Any]) -> str:
 def schedule_text(summary: Dict[str, Any]) -> str:
     """The fit's effective schedule in steps and passes over the data (empty when the summary does not say)."""
     if summary.get("optimizer") == "lbfgs":
-        plan = (f"{summary['folds']}-fold cross-fitting" if summary.get("folds", 1) > 1 else "one held-out part")
+        plan = (f"{summary['folds']}-fold cross-fitting" if summary.get("folds", 1) > 1 else "held-out selection data")
         refit = " (refitted on all the data)" if summary.get("folds", 1) > 1 and not summary.get("fell_back_to_temperature_scaling") else ""
         return (f"Full-batch L-BFGS, stopped early by {plan}: {summary.get('iterations')} iteration(s) kept{refit}, "
-                f"{summary.get('evaluations')} passes of the base model over calibration rows in all.")
+                f"{summary.get('evaluations')} objective evaluations in all (each a forward and an input-gradient pass of the "
+                "base model over one run's fitting rows).")
     if "epochs" in summary and "steps_per_epoch" in summary:
         return f"SGD: {summary['epochs']} epoch(s) × {summary['steps_per_epoch']} step(s) over {summary.get('fit_samples')} samples."
     return ""

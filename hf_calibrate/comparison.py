@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import _auto_registration, evaluation, model_evaluation, reporting
 from ._atomic import write_text_atomically
 from .metrics import CalibrationMetrics, Interval, interval_report, verdict
+from .metrics.interval_options import MIN_INTERVAL_SAMPLES
 from .metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER, VERDICTS
 
 #: the name of the base model's row
@@ -109,8 +110,8 @@ def _rows(scored: Dict[str, CalibrationMetrics], metric: str, confidence: float)
 
 def _made_worse(difference: Interval, samples: float) -> bool:
     """Whether a paired difference row − uncalibrated says "made worse" (as an evaluation's verdict would: never below
-    :data:`hf_calibrate.evaluation.MIN_VERDICT_SAMPLES` test samples)."""
-    return samples >= evaluation.MIN_VERDICT_SAMPLES and verdict(difference) == VERDICTS[1]
+    :data:`hf_calibrate.metrics.interval_options.MIN_INTERVAL_SAMPLES` test samples)."""
+    return samples >= MIN_INTERVAL_SAMPLES and verdict(difference) == VERDICTS[1]
 
 
 def _versus_uncalibrated(scored: Dict[str, CalibrationMetrics], name: str, confidence: float) -> Dict[str, Interval]:

@@ -109,7 +109,7 @@ class NeuralClamping(Calibrator):
             optimizer: ``"lbfgs"``, ``"sgd"`` or None (default: ``"sgd"`` when an SGD option is
                 given, else ``"lbfgs"``); the resolved name is recorded.
             max_iterations: L-BFGS iterations at most per run (default 12).
-            patience: L-BFGS stops this many iterations after the best pooled held-out score (default 2).
+            patience: the L-BFGS runs stop this many iterations after the best pooled held-out score (default 2).
             folds: cross-fitting folds of the L-BFGS optimiser (default None: 2 when the calibration
                 data hold 50 to 10,000 samples, else 1 — a single ``holdout_fraction`` part, kept
                 as fitted without a refit, like the SGD optimiser's). ``validation_data=`` replaces
@@ -190,7 +190,7 @@ class NeuralClamping(Calibrator):
 
         def _resolve_optimizer(self) -> None:
             """``optimizer=None`` → ``"sgd"`` when an SGD option is set, else ``"lbfgs"``; SGD options with L-BFGS are an error."""
-            given = [name for name in SGD_OPTIONS if getattr(self, name) not in (None, False)]
+            given = [name for name in SGD_OPTIONS if getattr(self, name) is not None and getattr(self, name) is not False]
             if self.optimizer is None:
                 self.optimizer = "sgd" if given else "lbfgs"
             require(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"one of {list(OPTIMIZERS)} or None")

@@ -28,7 +28,7 @@ MAIN_EPILOG = """examples:
 
 FIT_EPILOG = """examples:
   hf-calibrate fit --model ./my-vit --dataset ./digits --split calibration --eval-split test \\
-      --method neural_clamping --option epochs=20 --option gamma=[0,1,2] --output ./vit-nc
+      --method neural_clamping --option max_iterations=20 --option gamma=[0,1,2] --output ./vit-nc
   hf-calibrate fit --model resnet18 --num-classes 10 --no-pretrained --dataset ./images --method temperature --output out
   hf-calibrate fit --model user/bert-news --dataset ./news --text-column body --method tst --push-to-hub user/bert-news-tst
   torchrun --nproc_per_node 2 -m hf_calibrate.cli fit --model ./my-vit --dataset ./digits --output ./vit-nc
@@ -47,7 +47,7 @@ COMPARE_EPILOG = """examples:
   hf-calibrate compare --model ./my-vit --dataset ./digits --eval-split test --output ./vit-compare
   hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,dirichlet,tst --metric ece --output out
   hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,neural_clamping \
-      --option neural_clamping.epochs=5 --option batch_size=64 --output out
+      --option neural_clamping.max_iterations=5 --option batch_size=64 --output out
 
 Each method is fitted with its default options (and those --option gives it) on the calibration split, and
 ranked by the NLL unless --metric says otherwise; methods whose paired difference to the best holds 0
@@ -174,7 +174,7 @@ def _add_fit(commands_: Any, common: argparse.ArgumentParser) -> None:
     method_flag.listed_choices = method_names
     method.add_argument("--option", action="append", type=parse_option, default=[], metavar="KEY=VALUE",
                         help="a method or engine option, repeatable; values are JSON when they parse "
-                        "(e.g. epochs=5, gamma=[0,1,2], augment=true, micro_batch_size=64)")
+                        "(e.g. max_iterations=5, gamma=[0,1,2], folds=5, micro_batch_size=64)")
     method.add_argument("--seed", type=int, help="seed of the data split, shuffling and augmentation (default 0)")
     output = fit.add_argument_group("output")
     output.add_argument("--output", type=Path, help="folder for the calibrated model, its card and reliability diagram")
@@ -210,7 +210,7 @@ def _add_compare(commands_: Any, common: argparse.ArgumentParser) -> None:
     compare.add_argument("--metric", default="nll", choices=COMPARE_METRICS,
                          help="the ranking metric (default: nll, a proper score)")
     compare.add_argument("--option", action="append", type=parse_option, default=[], metavar="[METHOD.]KEY=VALUE",
-                         help="an option of one method (METHOD.KEY=VALUE, e.g. neural_clamping.epochs=5) or of every "
+                         help="an option of one method (METHOD.KEY=VALUE, e.g. neural_clamping.max_iterations=5) or of every "
                          "method (KEY=VALUE, e.g. batch_size=64), repeatable; values are JSON when they parse")
     compare.add_argument("--n-bins", type=int, default=15, help="bins of the binned metrics (default 15)")
     compare.add_argument("--seed", type=int, help="seed of the fits and of the bootstrap (default 0)")

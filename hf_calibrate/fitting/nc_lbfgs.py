@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -34,7 +34,6 @@ from .. import _distributed
 from ..backbones import Backbone
 from ..calibrators.holdout import seeded_generator
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
-from ..calibrators.temperature import fit_inverse_temperature
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
@@ -45,17 +44,23 @@ FOLD_SALT = 0xF01D5
 AUTO_FOLDS, AUTO_FOLDS_SIZES = 2, (50, 10_000)
 
 
-def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: bool) -> int:
-    """The number of folds a fit on ``count`` samples uses (1: one held-out part, or ``validation_data``)."""
+def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: bool, world: int = 1) -> int:
+    """The number of folds a fit on ``count`` samples uses (1: one held-out part, or ``validation_data``).
+
+    Automatic folds also give way to ``holdout_fraction=0`` (nothing held out). Every fold must
+    hold a sample for each of the ``world`` processes.
+    """
     if has_validation:
+        if options.folds not in (None, 1):
+            raise ValueError(f"folds={options.folds} and validation_data both choose the selection data: pass one of them.")
         return 1
-    if options.folds is not None:
-        if options.folds > count:
-            raise ValueError(f"folds={options.folds} needs at least {options.folds} calibration samples, got {count}: "
-                             "use fewer folds or more calibration data.")
-        return options.folds
-    low, high = AUTO_FOLDS_SIZES
-    return AUTO_FOLDS if low <= count <= high else 1
+    if options.folds is None:
+        low, high = AUTO_FOLDS_SIZES
+        return AUTO_FOLDS if low <= count <= high and options.holdout_fraction > 0 else 1
+    if options.folds > 1 and count // options.folds < world:
+        raise ValueError(f"folds={options.folds} over {count} calibration samples leaves {count // options.folds} per fold, fewer than "
+                         f"the {world} processes that share each fold: use fewer folds or more calibration data.")
+    return options.folds
 
 
 def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> torch.Tensor:
@@ -136,12 +141,6 @@ def split_theta(theta: torch.Tensor, shape: Tuple[int, ...], device: torch.devic
     return values[:-1].reshape(shape).clone(), values[-1].clone()
 
 
-def ts_log_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """log T of temperature scaling on ``logits`` (the exact Newton solve of the ``temperature`` method)."""
-    beta, _ = fit_inverse_temperature(logits, labels)
-    return -math.log(beta)
-
-
 def score_run(run: Run, backbone: Backbone, engine: Engine) -> torch.Tensor:
     """Calibrated logits f(x + δ)/T of the run's held rows at its current θ (one forward pass over them)."""
     delta, log_t = split_theta(run.state.theta, run.delta_shape, engine.device)
@@ -154,7 +153,7 @@ def lockstep(runs: List[Run], objectives: List[Objective], backbone: Backbone, e
     """Iterate every run once per round, score the pooled held-out logits after each round; return the curve.
 
     The curve's entry 0 is the runs' start (δ = 0, their TS temperatures). Rounds stop ``patience``
-    rounds after the best entry, at ``max_iterations``, or when every run has converged (a converged
+    rounds after the pooled score's best entry, at ``max_iterations``, or when every run has converged (a converged
     run's held-out logits stay as they are: its θ no longer moves).
     """
     curve = [pooled_score([run.scored[-1] for run in runs])]

@@ -13,11 +13,11 @@ import torch
 
 from ..backbones import Backbone
 from ..calibrators.neural_clamping import NeuralClamping
-from ..calibrators.temperature import CALIBRATION_DATA_FIX, temperature_method_beta, warn_if_without_minimum
+from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
-from .nc_lbfgs import Objective, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds, ts_log_temperature
+from .nc_lbfgs import Objective, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds
 from .nc_start import holdout_scores, initial_delta, require_rereadable
 
 #: z of the two-sided 95 % normal interval of the pooled paired difference
@@ -64,9 +64,18 @@ class Fit:
     def objective(self, train: torch.Tensor, gamma: float, weight: float) -> Objective:
         return Objective(self.backbone, self.data, train, self.shape, gamma, weight, self.engine, self.counted)
 
+    def start_log_temperature(self, train: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """log T₀ of a run on ``train`` (rounded to float32, as θ holds it): ``temperature_init``, else the
+        ``temperature`` method's fit on those rows."""
+        if isinstance(self.options.temperature_init, str):
+            value = -math.log(temperature_method_beta(logits[train], labels[train]))
+        else:
+            value = math.log(self.options.temperature_init)
+        return float(torch.tensor(value, dtype=torch.float32))
+
     def start_theta(self, train: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """θ₀ of a run on ``train``: δ's starting point and log T of TS on those rows."""
-        log_t = torch.tensor(ts_log_temperature(logits[train], labels[train]), device=self.engine.device)
+        """θ₀ of a run on ``train``: δ's starting point and :meth:`start_log_temperature`."""
+        log_t = torch.tensor(self.start_log_temperature(train, logits, labels), device=self.engine.device)
         delta = initial_delta(self.backbone, self.data, train, self.calibrator, self.options, self.engine, log_t)
         return join_theta(delta, log_t)
 
@@ -89,9 +98,9 @@ def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralCl
     require_rereadable(data, validation)
     logits, labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
     if engine.is_main:
-        warn_if_without_minimum(math.exp(-ts_log_temperature(logits, labels)), logits, labels,
+        warn_if_without_minimum(fit_inverse_temperature(logits, labels)[0], logits, labels,
                                 "the base model's logits over the calibration data", CALIBRATION_DATA_FIX)
-    folds = resolved_folds(options, len(data), validation is not None)
+    folds = resolved_folds(options, len(data), validation is not None, engine.world)
     parts = _parts(backbone, data, validation, logits, labels, folds, options, engine)
     grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
     if len(grid) > 1 and not len(parts[0].held):
@@ -130,7 +139,7 @@ def _fit_without_selection(fit: Fit, part: Part, logits: torch.Tensor, labels: t
     iterations = _iterate(run, objective, fit.options.max_iterations)
     _set_calibrator(fit.calibrator, run.state.theta, fit.shape)
     summary = _summary(fit, folds=1, fit_samples=len(part.train), holdout_samples=0, logits=logits, labels=labels)
-    summary["selected"] = _state_record(run.state, fit.shape, gamma, weight, iterations)
+    summary["selected"] = _state_record(run.state, gamma, weight, iterations)
     summary.update(iterations=iterations, evaluations=fit.evaluations, fell_back_to_temperature_scaling=False)
     return summary
 
@@ -147,21 +156,21 @@ def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[Tuple[float, f
                           labels: torch.Tensor, folds: int) -> Dict[str, Any]:
     """Cross-fit every grid point, pick the best (γ, λ, iteration) against TS, then refit, keep or fall back."""
     options, metric = fit.options, f"holdout_{fit.options.select_metric}"
-    held_labels = torch.cat([part.held_labels for part in parts])
-    baseline_logits = torch.cat([part.held_logits * math.exp(-ts_log_temperature(logits[part.train], labels[part.train])) for part in parts])
-    baseline = holdout_scores(baseline_logits, held_labels, options.n_bins)
+    held_labels = torch.cat([part.held_labels for part in parts]).cpu()
+    baseline_logits = torch.cat([part.held_logits * math.exp(-fit.start_log_temperature(part.train, logits, labels)) for part in parts]).cpu()
+    baseline = holdout_scores(baseline_logits, held_labels, options.n_bins)  # on the CPU: bit-identical on every process
     history: List[Dict[str, Any]] = []
     choice = Choice(score=baseline[metric])
     for gamma, weight in grid:
         pairs = [fit.run(part, gamma, weight, logits, labels, keep_snapshots=folds == 1) for part in parts]
         runs = [run for run, _ in pairs]
         curve = lockstep(runs, [objective for _, objective in pairs], fit.backbone, fit.engine, options,
-                         lambda pooled: holdout_scores(torch.cat(pooled), held_labels, options.n_bins)[metric])
+                         lambda pooled: holdout_scores(torch.cat(pooled).cpu(), held_labels, options.n_bins)[metric])
         for iteration, score in enumerate(curve):
             record = _round_record(runs, iteration, gamma, weight, held_labels, fit)
             history.append(record)
             if iteration > 0 and score < choice.score:
-                choice = Choice(score, gamma, weight, iteration, torch.cat([run.scored[iteration] for run in runs]),
+                choice = Choice(score, gamma, weight, iteration, torch.cat([run.scored[iteration] for run in runs]).cpu(),
                                 runs[0].snapshots[iteration] if folds == 1 else None, record)
     summary = _summary(fit, folds, len(parts[0].train) if folds == 1 else len(labels), len(held_labels), logits, labels)
     summary.update(history=history, selection=_paired_difference(choice, baseline_logits, held_labels))
@@ -199,7 +208,9 @@ def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: to
     ce = torch.nn.functional.cross_entropy
     differences = ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
     point = float(differences.mean())
-    half = Z95 * float(differences.std()) / math.sqrt(len(differences)) if len(differences) > 1 else math.inf
+    if len(differences) < 2:
+        return {"nll_difference": {"point": point, "low": None, "high": None}}
+    half = Z95 * float(differences.std()) / math.sqrt(len(differences))
     return {"nll_difference": {"point": point, "low": point - half, "high": point + half}}
 
 
@@ -209,12 +220,12 @@ def _round_record(runs: List[Run], iteration: int, gamma: float, weight: float, 
     record: Dict[str, Any] = {"gamma": gamma, "delta_weight": weight, "iteration": iteration,
                               "delta_norm": sum(norm for norm, _ in traces) / len(runs),
                               "temperature": sum(temperature for _, temperature in traces) / len(runs)}
-    pooled = torch.cat([run.scored[iteration] for run in runs])
+    pooled = torch.cat([run.scored[iteration] for run in runs]).cpu()
     record.update(holdout_scores(pooled, held_labels, fit.options.n_bins))
     return record
 
 
-def _state_record(state: stepwise_lbfgs.LbfgsState, shape: Tuple[int, ...], gamma: float, weight: float, iteration: int) -> Dict[str, Any]:
+def _state_record(state: stepwise_lbfgs.LbfgsState, gamma: float, weight: float, iteration: int) -> Dict[str, Any]:
     return {"gamma": gamma, "delta_weight": weight, "iteration": iteration, "loss": state.value,
             "delta_norm": float(state.theta[:-1].norm()), "temperature": math.exp(float(state.theta[-1]))}
 
@@ -225,7 +236,7 @@ def _summary(fit: Fit, folds: int, fit_samples: int, holdout_samples: int, logit
     return {
         "optimizer": "lbfgs", "folds": folds, "fit_samples": fit_samples, "holdout_samples": holdout_samples,
         "max_iterations": fit.options.max_iterations, "patience": fit.options.patience,
-        "temperature_scaling": {"temperature": math.exp(log_t), "fallback_temperature": math.exp(log_t), "fallback_log_temperature": log_t},
+        "temperature_scaling": {"fallback_temperature": math.exp(log_t), "fallback_log_temperature": log_t},
         "evaluations": fit.evaluations,
     }
 

@@ -37,7 +37,7 @@ Evaluation = Tuple[float, torch.Tensor]  # (objective value, gradient: flat, lik
 
 @dataclasses.dataclass
 class LbfgsState:
-    """Where the optimiser stands: θ, f(θ), ∇f(θ), the curvature pairs and the evaluations spent."""
+    """Where the optimiser stands: θ, f(θ), ∇f(θ) and the curvature pairs."""
 
     theta: torch.Tensor
     value: float
@@ -45,13 +45,15 @@ class LbfgsState:
     history: int = 10
     steps: List[torch.Tensor] = dataclasses.field(default_factory=list)  # s_k = θ_{k+1} − θ_k
     changes: List[torch.Tensor] = dataclasses.field(default_factory=list)  # y_k = ∇f_{k+1} − ∇f_k
-    evaluations: int = 1
     converged: bool = False
 
 
 def start(theta: torch.Tensor, evaluate: Callable[[torch.Tensor], Evaluation], history: int = 10) -> LbfgsState:
-    """The state at ``theta`` (one evaluation)."""
+    """The state at ``theta`` (one evaluation); a non-finite objective or gradient there is a FloatingPointError."""
     value, gradient = evaluate(theta)
+    if not (math.isfinite(value) and bool(torch.isfinite(gradient).all())):
+        raise FloatingPointError(f"the objective is {value} at the starting point (or its gradient is not finite): the model's "
+                                 "outputs overflow there. Fit in float32 (mixed_precision='no'), or check temperature_init.")
     return LbfgsState(theta.detach().clone(), value, gradient, history)
 
 
@@ -105,8 +107,7 @@ def _backtrack(state: LbfgsState, d: torch.Tensor, slope: float,
     for _ in range(MAX_TRIALS):
         theta = state.theta + t * d
         value, gradient = evaluate(theta)
-        state.evaluations += 1
-        if math.isfinite(value) and value <= state.value + ARMIJO * t * slope:
+        if math.isfinite(value) and bool(torch.isfinite(gradient).all()) and value <= state.value + ARMIJO * t * slope:
             return theta, value, gradient
         t *= SHRINK
     return None

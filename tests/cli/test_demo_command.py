@@ -16,10 +16,11 @@ from hf_calibrate.demo.command import DEMO_METHODS, demo_folder
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
 _SIGNED = r"[+-]\d\.\d(?:\d{3}|e-\d\d)"  # +0.0123, or -3.2e-05 for an end too close to 0 for 4 decimals
-CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "
+FELL_BACK = r"(?P<fell_back> \(fell back to TS\))?"  # a Neural Clamping row whose δ did not help held out is marked so
+CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "
                     rf"(?P<high>{_SIGNED})\] (?P<verdict>improved|worse|no change)\s")
 SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change"}
-ROW = re.compile(r"^(?P<model>\S+)\s+(?P<method>\S+)\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{4} → \d\.\d{4}\s*)+)$")
+ROW = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{4} → \d\.\d{4}\s*)+)$")
 
 
 @pytest.mark.slow
@@ -33,7 +34,7 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "short Neural Clamping schedule" in result.stdout
 
-    rows, changes = {}, {}
+    rows, changes, fell_back = {}, {}, {}
     for line in result.stdout.splitlines():
         change = CHANGE.match(line.strip())
         if change:
@@ -42,6 +43,7 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
         if match:
             pairs = re.findall(r"(\d\.\d{4}) → (\d\.\d{4})", match["values"])
             rows[match["model"], match["method"]] = (int(match["n"]), dict(zip(DEMO_METRICS, pairs)))
+            fell_back[match["model"], match["method"]] = bool(match["fell_back"])
     assert set(rows) == {(model, method) for model in MODELS for method in DEMO_METHODS}, result.stdout
 
     for (model, method), (count, printed) in rows.items():
@@ -53,7 +55,11 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
         assert f"| dataset | {dataset} |\n| split | calibration |" in card
         assert f"Evaluated on **{dataset}, test split, {count} samples**" in card
         assert (folder / "reliability_diagram.png").read_bytes().startswith(b"\x89PNG")
-        evaluation = json.loads((folder / "calibration_config.json").read_text())["evaluation"]
+        record = json.loads((folder / "calibration_config.json").read_text())
+        evaluation = record["evaluation"]
+        summary_fell_back = bool(record["fit"]["summary"].get("fell_back_to_temperature_scaling"))
+        assert fell_back[model, method] == summary_fell_back  # the row is marked exactly when the fit fell back
+        assert ("Calibration method: Temperature scaling (Neural Clamping fell back" in card) == summary_fell_back
         assert evaluation["split"] == "test" and evaluation["calibrated"]["num_samples"] == count
         assert (evaluation["in_sample"], evaluation["calibration_split"]) == (False, "calibration")
         for key, (before, after) in printed.items():
