@@ -20,7 +20,7 @@ FELL_BACK = r"(?P<fell_back> \(fell back to TS\))?"  # a Neural Clamping row who
 CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "
                     rf"(?P<high>{_SIGNED})\] (?P<verdict>improved|worse|no change)\s")
 SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change"}
-ROW = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{4} → \d\.\d{4}\s*)+)$")
+ROW = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{{4}} → \d\.\d{{4}}\s*)+)$")
 
 
 @pytest.mark.slow
