@@ -42,14 +42,14 @@ HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
 IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
 UNKNOWN_SAMPLE_NOTE = "whether these are data the calibration was fitted on is unknown"
 FALLBACK_ADVICE = (
-    "To get a δ that helps, try more calibration data, more iterations (option max_iterations, patience) or another "
-    "select_metric; or use the method 'temperature', which fits this same model directly."
+    "To get a δ that helps, try more calibration data or a separate validation split, a longer schedule "
+    "(options epochs, lr) or another select_metric; or use the method 'temperature', which fits this same model directly."
 )
 FALLBACK_SAVED = "The saved model is this temperature scaling."
 #: :data:`FALLBACK_ADVICE` in the terms of ``hf-calibrate fit``
 CLI_FALLBACK_ADVICE = (
-    "To get a δ that helps, try more calibration data, more iterations (--option max_iterations=N), or --method "
-    "temperature, which fits this same model directly."
+    "To get a δ that helps, try more calibration data or --validation-split, a longer schedule (--option epochs=N, "
+    "--option lr=X), or --method temperature, which fits this same model directly."
 )
 
 

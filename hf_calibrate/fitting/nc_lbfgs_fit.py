@@ -173,9 +173,18 @@ def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[Tuple[float, f
                 choice = Choice(score, gamma, weight, iteration, torch.cat([run.scored[iteration] for run in runs]).cpu(),
                                 runs[0].snapshots[iteration] if folds == 1 else None, record)
     summary = _summary(fit, folds, len(parts[0].train) if folds == 1 else len(labels), len(held_labels), logits, labels)
-    summary.update(history=history, selection=_paired_difference(choice, baseline_logits, held_labels))
+    selection = _paired_difference(choice, baseline_logits, held_labels)
+    if options.require_significant_gain and not _significant(selection):
+        selection["kept_delta"], choice = False, Choice()
+    summary.update(history=history, selection=selection)
     summary["temperature_scaling"].update(baseline)
     return _apply_choice(fit, choice, parts, logits, labels, folds, summary)
+
+
+def _significant(selection: Dict[str, Any]) -> bool:
+    """Whether the pooled held-out NLL difference (chosen − TS) has its whole 95 % interval below 0."""
+    difference = selection.get("nll_difference")
+    return bool(difference) and difference["high"] is not None and difference["high"] < 0
 
 
 def _apply_choice(fit: Fit, choice: Choice, parts: List[Part], logits: torch.Tensor, labels: torch.Tensor, folds: int,

@@ -218,7 +218,7 @@ def test_fit_says_when_neural_clamping_fell_back_to_temperature_scaling(in_sampl
     stderr = in_sample_fallback["stderr"]
     [line] = [line for line in stderr.splitlines() if "did not beat temperature scaling" in line]
     assert line.startswith("warning: ") and "The saved model is this temperature scaling" in line
-    assert "--method temperature" in line and "--option max_iterations" in line
+    assert "--method temperature" in line and "--option epochs" in line
     assert "TemperatureScalingFallbackWarning" not in stderr  # the library's warning is not shown twice
     record = json.loads((in_sample_fallback["output"] / "calibration_config.json").read_text())
     assert record["fit"]["summary"]["fell_back_to_temperature_scaling"] is True
