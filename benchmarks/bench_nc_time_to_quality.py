@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -164,17 +163,6 @@ def run_seed(nct: Any, demo: Any, inputs: Dict[str, torch.Tensor], labels: torch
 # ----------------------------------------------------------------------------- report
 
 
-def t_interval(values: Sequence[float]) -> str:
-    """``mean [low, high]``: the 95 % t-interval of the mean over seeds (just the mean for one)."""
-    from scipy import stats
-
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:+.4f}"
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
-
-
 def model_table(model: str, runs: List[Dict[str, Any]]) -> List[str]:
     """One model: every arm's mean test scores and time, its paired differences to the reference and TS, its time ratios."""
     arms = [arm for arm in ("uncalibrated", "TS", "reference", *ARMS) if arm in runs[0]]  # --quick fits one arm
@@ -189,8 +177,8 @@ def model_table(model: str, runs: List[Dict[str, Any]]) -> List[str]:
             row.append(f"{statistics.median(run[arm]['seconds'] / run[base]['seconds'] for run in runs):.3f}×" if ok else "–")
         for base in ("reference", "TS"):
             ok = base in runs[0] and arm not in (base, "uncalibrated")
-            row.append(t_interval([run[arm]["nll"] - run[base]["nll"] for run in runs]) if ok else "–")
-        row.append(t_interval([run[arm]["ece"] - run["TS"]["ece"] for run in runs]) if arm not in ("TS", "uncalibrated") else "–")
+            row.append(quality._paired_interval([run[arm]["nll"] - run[base]["nll"] for run in runs]) if ok else "–")
+        row.append(quality._paired_interval([run[arm]["ece"] - run["TS"]["ece"] for run in runs]) if arm not in ("TS", "uncalibrated") else "–")
         rows.append(row)
     headers = ["arm", "test NLL", "test ECE", "test Brier", "mean s", "time ÷ reference (median)", "time ÷ TS (median)",
                "ΔNLL − reference", "ΔNLL − TS", "ΔECE − TS"]
