@@ -1,4 +1,4 @@
-"""Neural Clamping's time to quality: our default fit against the authors' recipe, side by side.
+"""Neural Clamping's time to quality: the L-BFGS optimiser against the authors' recipe, side by side.
 
 For each zoo model and seed, ``bench_quality``'s protocol reshuffles the calibration ∪ test rows
 into stratified halves; every arm fits on the calibration half, on the same preprocessed tensors,

@@ -6,7 +6,7 @@ full run):
 * ``quality``    — ``bench_quality.py`` (calibration quality of every method, clean and under shift);
 * ``metrics``    — ``bench_metrics.py`` (metric speed and memory vs torchmetrics/netcal);
 * ``nc_cost``    — ``bench_nc_cost.py`` (Neural Clamping epoch cost vs its floor);
-* ``nc_time_to_quality`` — ``bench_nc_time_to_quality.py`` (Neural Clamping's default fit vs the authors' recipe: time and test quality);
+* ``nc_time_to_quality`` — ``bench_nc_time_to_quality.py`` (Neural Clamping by L-BFGS vs the authors' recipe: time and test quality);
 * ``inference``  — ``bench_inference.py`` (CalibratedModel inference overhead);
 * ``logit_fits`` — ``bench_logit_fits.py`` (logit-space fit times on 50k × 1000 logits);
 * ``head_cost``  — ``bench_head_cost.py`` (head retraining cost vs one backbone pass);
@@ -49,7 +49,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "metrics": ("bench_metrics.py", "speed", "calibration metrics: speed and memory vs torchmetrics / netcal"),
     "nc_cost": ("bench_nc_cost.py", "speed", "Neural Clamping fit: cost per epoch vs the forward + input-backward floor"),
     "nc_time_to_quality": ("bench_nc_time_to_quality.py", "quality and speed",
-                           "Neural Clamping's default fit against the authors' recipe: time to quality, paired test scores"),
+                           "Neural Clamping by L-BFGS against the authors' recipe: time to quality, paired test scores"),
     "inference": ("bench_inference.py", "speed", "CalibratedModel inference vs the base model"),
     "logit_fits": ("bench_logit_fits.py", "speed", "logit-space calibrators: fit time on 50,000 × 1,000 logits"),
     "head_cost": ("bench_head_cost.py", "speed", "head retraining: feature extraction vs per-epoch head cost"),
