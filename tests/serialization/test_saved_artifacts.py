@@ -95,7 +95,10 @@ def test_saved_artifact_gives_the_stored_logits(name: str) -> None:
     inputs = {key.split("/", 1)[1]: value for key, value in expected.items() if key.startswith("input/")}
     with tm.torch_threads(1):
         logits = _logits(_load(name), inputs)
-    assert logits.dtype == expected["logits"].dtype and torch.equal(logits, expected["logits"])
+    assert logits.dtype == expected["logits"].dtype
+    # Float rounding differs between CPUs (the ViT's attention kernels pick other vector paths), so not bit for bit:
+    # a changed δ, T or head moves these logits by orders of magnitude more than 1e-5.
+    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(CASES))
