@@ -1,4 +1,4 @@
-"""Neural Clamping by L-BFGS with cross-fitted early stopping: ``optimizer="lbfgs"``, the default.
+"""Neural Clamping by L-BFGS with cross-fitted early stopping: ``optimizer="lbfgs"`` (opt-in; SGD is the default).
 
 Why: the authors' recipe is 100 SGD steps from T = 1; each step is a forward and a backward pass
 of the base model over the calibration data, and its small steps regularise by stopping early.
@@ -78,9 +78,8 @@ def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> torch.Tenso
 
 @dataclasses.dataclass
 class Run:
-    """One L-BFGS run: the rows it fits on, the rows it is scored on, its optimiser state and curve."""
+    """One L-BFGS run: the rows it is scored on, its optimiser state and curve (its fitting rows are its objective's)."""
 
-    train: torch.Tensor  # indices into the calibration data
     held: torch.Tensor  # indices into ``held_data`` (empty: not scored)
     held_data: CalibrationData
     delta_shape: Tuple[int, ...]

@@ -83,7 +83,7 @@ class Fit:
         """A started run on ``part`` (one evaluation at θ₀), scored once at θ₀."""
         objective = self.objective(part.train, gamma, weight)
         state = stepwise_lbfgs.start(self.start_theta(part.train, logits, labels), objective)
-        run = Run(part.train, part.held, part.held_data, self.shape, state, keep_snapshots)
+        run = Run(part.held, part.held_data, self.shape, state, keep_snapshots)
         if len(part.held) and self.options.delta_init == "zero":  # θ₀ = (0, log T): the cached base logits / T
             run.scored.append(part.held_logits * math.exp(-float(state.theta[-1])))
         elif len(part.held):
