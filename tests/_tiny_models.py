@@ -210,10 +210,11 @@ def plain_module(seed: int = 0) -> nn.Module:
 
 
 def plain_data(module: nn.Module) -> TensorDataset:
-    """64 random feature rows labelled by a sharpened ``module`` (seeded)."""
+    """64 random feature rows with labels drawn from a sharpened ``module`` (seeded): like a real calibration set, the
+    module gets some of them wrong."""
     x = torch.randn(64, 6, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        return TensorDataset(x, (4 * module(x)).argmax(1))
+        return TensorDataset(x, _peaked_labels(module(x), 3, sharpness=12.0))
 
 
 def make_base(kind: str, seed: int = 0, n: int = 64) -> Tuple[nn.Module, Dataset, Any]:
