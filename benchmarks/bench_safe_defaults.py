@@ -9,7 +9,10 @@ rows each for digits); every logit method is fitted with its default options thr
 only logits) and scored on the test half. Peers (netcal, probmetrics, torch-uncertainty), where
 installed, are fitted with their own defaults on the same halves.
 
-Reported per model: mean ± std over the seeds of test NLL, ECE (15 equal-width bins) and Brier;
+``method="auto"`` is fitted the same way; the report says what it chose per seed and whether its
+test NLL is worse than TS's or the uncalibrated model's beyond the paired interval.
+
+Reported per model: mean ± std over the seeds of test NLL, ECE (15 equal-width bins), Brier and fit time;
 the paired differences method − uncalibrated and method − TS with 95 % Student-t intervals over
 the seeds (same split per seed); the fit-warning lines each default said; and, with
 ``--baseline RAW.json`` (a ``--raw`` file of an earlier version of the package, e.g. ``main``),
@@ -27,10 +30,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -47,7 +52,7 @@ from hf_calibrate import CalibratedModel
 from hf_calibrate.metrics import calibration_report
 
 NAME = "safe_defaults"
-OUR_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
+OUR_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "auto")
 METRICS = ("nll", "ece", "brier", "accuracy")
 MODELS = ("digits_cnn", "digits_vit", "bbc_minilm")
 #: per model → per seed → per method → {metric: value, "warnings": count}
@@ -80,8 +85,10 @@ def scores(probabilities: torch.Tensor, labels: torch.Tensor) -> Dict[str, float
     return {key: float(report[key]) for key in METRICS}
 
 
-def fit_ours(method: str, logits: torch.Tensor, labels: torch.Tensor, seed: int) -> Tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """Our default fit of ``method`` on (logits, labels): (logits → probabilities, number of warning lines it said)."""
+def fit_ours(method: str, logits: torch.Tensor, labels: torch.Tensor, seed: int) -> Tuple[Callable[[torch.Tensor], torch.Tensor], Dict[str, Any]]:
+    """Our default fit of ``method`` on (logits, labels): (logits → probabilities, {"warnings": lines it said,
+    "seconds": its wall time, "chosen": the method it fitted (``auto``'s choice)})."""
+    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calibrated = CalibratedModel.fit(nn.Identity(), TensorDataset(logits, labels), method=method, seed=seed, progress=False)
@@ -90,7 +97,8 @@ def fit_ours(method: str, logits: torch.Tensor, labels: torch.Tensor, seed: int)
         with torch.no_grad():
             return torch.softmax(calibrated(test_logits).double(), dim=1)
 
-    return probabilities, len(calibrated.fit_summary.get("warnings") or [])
+    return probabilities, {"warnings": len(calibrated.fit_summary.get("warnings") or []),
+                           "seconds": time.perf_counter() - start, "chosen": calibrated.method}
 
 
 def run_seed(logits: torch.Tensor, labels: torch.Tensor, seed: int, peers: Sequence[Any]) -> Dict[str, Dict[str, float]]:
@@ -99,8 +107,8 @@ def run_seed(logits: torch.Tensor, labels: torch.Tensor, seed: int, peers: Seque
     fit_logits, fit_labels, test_logits, test_labels = logits[calibration], labels[calibration], logits[test], labels[test]
     results = {"uncalibrated": scores(torch.softmax(test_logits.double(), dim=1), test_labels)}
     for method in OUR_METHODS:
-        probabilities, said = fit_ours(method, fit_logits, fit_labels, seed)
-        results[method] = {**scores(probabilities(test_logits), test_labels), "warnings": said}
+        probabilities, facts = fit_ours(method, fit_logits, fit_labels, seed)
+        results[method] = {**scores(probabilities(test_logits), test_labels), **facts}
     for peer in peers:
         probabilities = peer.fit(fit_logits, fit_labels)
         results[peer.label] = scores(probabilities(test_logits), test_labels)
@@ -149,7 +157,7 @@ def _worse_than(runs: List[Dict[str, Dict[str, float]]], method: str, reference:
 
 def _model_table(runs: List[Dict[str, Dict[str, float]]], before: Optional[List[Dict[str, Dict[str, float]]]]) -> List[str]:
     header = ["method", "NLL", "ΔNLL vs uncalibrated [95% CI]", "ΔNLL vs TS [95% CI]", "ECE", "ΔECE vs TS [95% CI]", "Brier",
-              "warnings"]
+              "warnings", "fit s"]
     if before:
         header[2:2] = ["NLL before", "ΔNLL vs uncalibrated before"]
     rows = []
@@ -165,9 +173,31 @@ def _model_table(runs: List[Dict[str, Dict[str, float]]], before: Optional[List[
         cells += versus + [_mean_std([run[method]["ece"] for run in runs]),
                            _interval(_differences(runs, method, "temperature", "ece")) if method not in ("uncalibrated", "temperature") else "–",
                            _mean_std([run[method]["brier"] for run in runs]),
-                           str(sum(int(run[method].get("warnings", 0)) for run in runs)) if method in OUR_METHODS else "–"]
+                           str(sum(int(run[method].get("warnings", 0)) for run in runs)) if method in OUR_METHODS else "–",
+                           _seconds(runs, method)]
         rows.append(cells)
     return _report.table(header, rows)
+
+
+def _seconds(runs: List[Dict[str, Dict[str, float]]], method: str) -> str:
+    """The mean wall time of our fit over the seeds ("–" for the uncalibrated model and the peers)."""
+    times = [run[method]["seconds"] for run in runs if "seconds" in run[method]]
+    return f"{statistics.fmean(times):.2f}" if times else "–"
+
+
+def _auto_lines(raw: Raw) -> List[str]:
+    """What ``auto`` chose per model over the seeds, and its goal: test NLL ≤ min(TS, uncalibrated) within noise."""
+    lines = []
+    for model, runs in raw.items():
+        if "auto" not in runs[0]:
+            continue
+        chosen = collections.Counter(run["auto"]["chosen"] for run in runs)
+        worse = [reference for reference in ("temperature", "uncalibrated")
+                 if _resolved_worse(_differences(runs, "auto", reference, "nll"))]
+        lines.append(f"- {model}: auto chose {', '.join(f'{name} ({count}×)' for name, count in chosen.most_common())}; "
+                     f"ΔNLL vs TS {_interval(_differences(runs, 'auto', 'temperature', 'nll'))}; worse than "
+                     f"{' or '.join(worse) if worse else 'neither TS nor the uncalibrated model'} beyond the paired interval.")
+    return lines
 
 
 def _goal_lines(raw: Raw) -> List[str]:
@@ -206,7 +236,8 @@ def report(session: _report.Session, raw: Raw, baseline: Optional[Raw], baseline
     seeds = len(next(iter(raw.values())))
     body = ["Goal (issue 28): on the zoo models × seeds, no method's default has a mean test NLL above the uncalibrated "
             "model's, and none is worse than TS by more than its paired interval:", "", *_goal_lines(raw), "",
-            BINNING_NOTE, ""]
+            BINNING_NOTE, "", "`auto` (issue 28 item 2; per seed: what it chose, on the calibration half alone):", "",
+            *_auto_lines(raw), ""]
     if baseline_path is not None:
         body += [f"\"before\" columns: `{baseline_path}`, this script's `--raw` output for an earlier version of the package "
                  "(same models, seeds and halves).", ""]

@@ -91,11 +91,21 @@ def fell_back(record: Dict[str, Any]) -> bool:
 
 
 def method_title(record: Dict[str, Any]) -> str:
-    """What the card calls the fitted method: its title, or the fall-back's name when NC fell back to TS."""
+    """What the card calls the fitted method: its title, or the fall-back's name when NC fell back to TS; a method
+    ``method="auto"`` chose says so."""
     if fell_back(record):
         return FALLBACK_TITLE
     method = calibrator_class(record["method"])
-    return method.title or method.method
+    chosen = " (chosen by `method=\"auto\"`)" if (record["fit"].get("summary") or {}).get("auto") else ""
+    return (method.title or method.method) + chosen
+
+
+def _auto(record: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """The card's "Why this method" of a ``method="auto"`` fit: the choice and the candidates' table (None otherwise)."""
+    summary = record["fit"].get("summary") or {}
+    if not summary.get("auto"):
+        return None
+    return {"note": reporting.auto_note(summary), "table": reporting.auto_table(summary)}
 
 
 def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -325,6 +335,7 @@ def render_card(
             record["fit"]["summary"], recorded_select_metric(record["options"]))) if fell_back(record) else method.description,
         hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
+        auto=_auto(record),
         fit=fit,
         calibration_dataset=fit.get("dataset_name") or fit.get("dataset"),
         results=_results(evaluation),

@@ -37,10 +37,9 @@ from torch import nn
 
 from . import _auto_registration, evaluation, reporting, scoring
 from .backbones.preprocessing import evaluation_options
-from .calibrators import calibrator_class
 from .data import prepare_data
 from .data.sources import is_one_shot
-from .fitting.calibrate import engine_options, fit_calibration
+from .fitting.calibrate import engine_options, fit_calibration, is_logit_space
 from .fitting.engine import Engine, EngineOptions
 from .metrics import CalibrationMetrics
 from .metrics._checks import check_n_bins
@@ -128,8 +127,7 @@ def same_base_pass(fit_options: Dict[str, Any], evaluation_settings: Dict[str, A
 
 def require_logit_space_for_one_pass(method: str, reuse: bool) -> None:
     """Refuse, before fitting, to fit and evaluate on one-shot data when the evaluation would have to read them again."""
-    cls = calibrator_class(method)
-    if reuse and not (cls.needs_features or cls.needs_base_model):
+    if reuse and is_logit_space(method):
         return
     raise ValueError(
         f"the calibration data can be read only once (a generator or other iterator), and evaluating a {method!r} "

@@ -159,9 +159,12 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 ``datasets.Dataset`` (see :mod:`hf_calibrate.data`). For the head methods this is the data the
                 new head is trained on (the papers use the training split).
             method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``, ``"matrix"``,
-                ``"dirichlet"``, ``"histogram"``, ``"isotonic"``, or the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``.
+                ``"dirichlet"``, ``"histogram"``, ``"isotonic"``, the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``,
+                or ``"auto"``: the logit method cross-fitted held-out NLL shows best (temperature scaling unless
+                another beats it beyond a paired 95 % interval; the model is of the chosen method, and
+                ``fit_summary["auto"]`` says why; options ``candidates``, ``folds``).
             validation_data: the selection split of Neural Clamping and the head methods (default: they hold
-                out ``holdout_fraction`` of ``calibration_data``).
+                out ``holdout_fraction`` of ``calibration_data``); refused by the methods that would not read it.
             temperature_data: where head methods fit their optional temperature (``temperature=True``;
                 default: the validation data).
             dataset_name, split: how the model card and evaluations name the calibration data (default: what

@@ -195,6 +195,44 @@ def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[st
     )
 
 
+# ----------------------------------------------------------------------------- method="auto"'s choice
+
+
+def auto_note(summary: Mapping[str, Any]) -> Optional[str]:
+    """The sentence saying which method ``method="auto"`` chose and why (None when the fit was not ``auto``)."""
+    choice = summary.get("auto")
+    if not choice:
+        return None
+    return (f"auto chose {choice['chosen']} by {choice['folds']}-fold cross-fitted NLL on the {choice['samples']} "
+            f"calibration samples: {choice['reason']}")
+
+
+def auto_table(summary: Mapping[str, Any]) -> Optional[str]:
+    """The markdown table of ``method="auto"``'s candidates: held-out NLL (nats per sample, every calibration sample
+    scored by a fit that did not see it), its paired difference to temperature scaling with the 95 % interval, the
+    seconds of its fits, and whether it was chosen or why it was left out (None when the fit was not ``auto``)."""
+    choice = summary.get("auto")
+    if not choice:
+        return None
+    lines = ["| candidate | held-out NLL | minus temperature scaling | seconds | |", "|---|---|---|---|---|"]
+    for row in choice["candidates"]:
+        nll = "—" if row["held_out_nll"] is None else f"{row['held_out_nll']:.4f}"
+        versus = row["versus_temperature"]
+        difference = "" if versus is None else f"{versus['point']:+.4f} {interval_text(versus, signed=True)}".strip()
+        lines.append(f"| {row['method']} | {nll} | {difference} | {row['seconds']:.2f} | {_auto_status(row, choice)} |")
+    return "\n".join(lines)
+
+
+def _auto_status(row: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
+    if row["excluded"]:
+        return "left out: " + row["excluded"].replace("|", "/")
+    if row["method"] == "uncalibrated":
+        return "no calibration (nothing to fit)"
+    if row.get("is_temperature_scaling"):
+        return "its l2 selection chose temperature scaling itself"
+    return "**chosen**" if row["method"] == choice["chosen"] else ""
+
+
 # ----------------------------------------------------------------------------- numbers with their uncertainty
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES, no_interval_reason
 
 #: salt of the hold-out split's generator (with the seed and the sample count)
 HOLDOUT_SALT = 0xC0FFEE
@@ -113,3 +115,29 @@ def select_by_cross_fitting(
         if rising == PATH_PATIENCE:
             break
     return Selection(chosen=candidates[best], scores=scores)
+
+
+# ----------------------------------------------------------------------------- paired evidence
+
+#: z of the two-sided 95 % normal interval of a paired mean difference
+Z95 = 1.959963984540054
+
+
+def paired_difference(differences: torch.Tensor) -> Dict[str, Any]:
+    """The mean of (N,) per-sample differences (e.g. held-out NLL of a fit minus its reference's, nats) with its
+    two-sided 95 % normal interval: ``{"point", "low", "high"}``.
+
+    Below ``MIN_INTERVAL_SAMPLES`` (30) samples, where a normal interval would be no evidence, the ends are None and
+    ``"reason"`` says why.
+    """
+    differences = differences.double().cpu()
+    point = float(differences.mean())
+    if len(differences) < MIN_INTERVAL_SAMPLES:
+        return {"point": point, "low": None, "high": None, "reason": no_interval_reason(len(differences), MIN_INTERVAL_REPLICATES)}
+    half = Z95 * float(differences.std()) / math.sqrt(len(differences))
+    return {"point": point, "low": point - half, "high": point + half}
+
+
+def shown_below_zero(difference: Optional[Dict[str, Any]]) -> bool:
+    """Whether a :func:`paired_difference` has its whole 95 % interval below 0 (False without an interval)."""
+    return bool(difference) and difference["high"] is not None and difference["high"] < 0

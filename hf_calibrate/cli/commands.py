@@ -36,7 +36,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     """
     from ..backbones import adapt
     from ..modeling import fit_and_evaluate
-    from ..reporting import CLI_FALLBACK_ADVICE, FALLBACK_SAVED, evaluation_label, in_sample_warning, source_display_name
+    from ..reporting import (CLI_FALLBACK_ADVICE, FALLBACK_SAVED, auto_note, auto_table, evaluation_label, in_sample_warning,
+                             source_display_name)
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
@@ -58,8 +59,12 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
                             **engine_options(options)},
         **{"preprocessor": loaded.preprocessor, **options},
     )
-    console.result(f"{args.method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
+    method = args.method if args.method == calibrated.method else f"{args.method} ({calibrated.method})"
+    console.result(f"{method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
     console.result(metric_table(evaluation))
+    for text in (auto_note(calibrated.fit_summary), auto_table(calibrated.fit_summary)):
+        if text:
+            console.result(text)
     console.warn(in_sample_warning(evaluation, data.available))
     fallback = calibrated.fallback_note()
     console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
@@ -145,6 +150,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
     from .. import comparison
     from ..backbones import adapt
+    from ..fitting.calibrate import reads_selection_data
     from ..modeling import CalibratedModel
     from ..reporting import METRIC_NAMES, source_display_name
 
@@ -161,9 +167,11 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     with fit_warnings_reported_here():
         for method in args.methods:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
+            validation = data.splits.get("validation") if reads_selection_data(method)[0] else None
+            if "validation" in data.splits and validation is None:
+                console.note(f"{method} does not read --validation-split: it holds out what it needs from the calibration split")
             models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
-                                                 validation_data=data.splits.get("validation"),
-                                                 **_merged(options, own_options[method], method))
+                                                 validation_data=validation, **_merged(options, own_options[method], method))
             fallback = models[method].fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
             for line in fit_warning_lines(models[method]):

@@ -30,6 +30,7 @@ FIT_EPILOG = """examples:
   hf-calibrate fit --model ./my-vit --dataset ./digits --split calibration --eval-split test \\
       --method neural_clamping --option max_iterations=20 --option gamma=[0,1,2] --output ./vit-nc
   hf-calibrate fit --model resnet18 --num-classes 10 --no-pretrained --dataset ./images --method temperature --output out
+  hf-calibrate fit --model ./my-vit --dataset ./digits --method auto --output ./vit-auto   # chosen by held-out NLL
   hf-calibrate fit --model user/bert-news --dataset ./news --text-column body --method tst --push-to-hub user/bert-news-tst
   torchrun --nproc_per_node 2 -m hf_calibrate.cli fit --model ./my-vit --dataset ./digits --output ./vit-nc
 
@@ -93,10 +94,11 @@ def parse_option(text: str) -> Tuple[str, Any]:
 
 
 def method_names() -> List[str]:
-    """The calibration methods (:data:`hf_calibrate.CALIBRATORS`; imports them, and torch)."""
+    """The calibration methods (:data:`hf_calibrate.CALIBRATORS`; imports them, and torch), then ``auto``."""
     from ..calibrators import CALIBRATORS
+    from ..fitting.auto import AUTO
 
-    return list(CALIBRATORS)
+    return [*CALIBRATORS, AUTO]
 
 
 def _method_name(text: str) -> str:

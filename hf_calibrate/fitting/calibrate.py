@@ -33,6 +33,7 @@ from ..data import CalibrationData, prepare_data
 from ..data.sources import is_one_shot
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
+from .auto import AUTO, AutoOptions, fit_auto
 from .engine import Engine, EngineOptions
 from .kept_logits import KeptLogits
 
@@ -88,6 +89,32 @@ def refuse_one_shot_twice(data_sources: DataSources) -> None:
         )
 
 
+def is_logit_space(method: str) -> bool:
+    """Whether ``method`` is fitted and applied on the base's logits alone: the logit methods and ``auto``."""
+    if method == AUTO:
+        return True
+    cls = calibrator_class(method)
+    return not (cls.needs_base_model or cls.needs_features)
+
+
+def reads_selection_data(method: str) -> Tuple[bool, bool]:
+    """Whether a fit of ``method`` reads (validation_data, temperature_data): Neural Clamping reads validation data,
+    the head methods both; the logit methods and ``auto`` cross-fit on the calibration data and read neither."""
+    logit_space = is_logit_space(method)
+    return not logit_space, not logit_space and calibrator_class(method).needs_features
+
+
+def refuse_unread_data(method: str, data_sources: DataSources) -> None:
+    """Refuse validation or temperature data that a fit of ``method`` would not read (they would be silently ignored)."""
+    for name, given, read in zip(("validation_data", "temperature_data"), data_sources[1:], reads_selection_data(method)):
+        if given is not None and not read:
+            raise ValueError(
+                f"method {method!r} does not read {name}: it would be ignored. Leave it out"
+                + (", or add its rows to calibration_data (this method holds out what it needs from them)."
+                   if name == "validation_data" else "; only the head methods (tst, vtst, mac_cal) read it.")
+            )
+
+
 def _weakly_referable(source: Any) -> bool:
     if source is None:
         return False
@@ -128,11 +155,12 @@ def engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str]
 
 
 def split_options(method: str, options: Dict[str, Any]) -> Tuple[EngineOptions, Any]:
-    """(engine options, method options) of ``fit``'s keywords, each checked for name, type and range."""
-    method_class = calibrator_class(method)
-    method_names = [field.name for field in dataclasses.fields(method_class.Options)]
+    """(engine options, method options) of ``fit``'s keywords, each checked for name, type and range
+    (``method="auto"``: :class:`~.auto.AutoOptions`)."""
+    options_class = AutoOptions if method == AUTO else calibrator_class(method).Options
+    method_names = [field.name for field in dataclasses.fields(options_class)]
     engine = engine_options(options, f"method {method!r}", method_names)
-    method_options = parse_options(method_class.Options, {k: v for k, v in options.items() if k in method_names}, method)
+    method_options = parse_options(options_class, {k: v for k, v in options.items() if k in method_names}, method)
     return engine, method_options
 
 
@@ -150,23 +178,28 @@ def fit_calibration(
     data are named ``naming``; with ``keep_logits`` the result keeps the base logits the fit computed
     (see :class:`FittedCalibration`). The model is frozen and moved to the fit's device; if the fit
     fails, its flags and mode are restored. A Neural Clamping fit that fell back to temperature
-    scaling warns (:class:`TemperatureScalingFallbackWarning`) on the main process.
+    scaling warns (:class:`TemperatureScalingFallbackWarning`) on the main process. ``method="auto"``
+    fits the method it chooses (:mod:`.auto`): the result's config, options and calibrator are that method's.
     """
     engine_settings, method_options = split_options(method, options)
     engine = Engine(engine_settings)
     backbone = adapt(model, classifier=getattr(method_options, "classifier", None))
     calibration_data, validation_data, temperature_data = data_sources
     refuse_one_shot_twice(data_sources)
+    refuse_unread_data(method, data_sources)
     with frozen(model):
         model.to(engine.device)
         prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_settings.data_options())  # noqa: E731
         data = prepare(calibration_data)
         engine.kept_logits = KeptLogits(data) if keep_logits else None
         contract = input_contract(backbone, data, engine)
-        calibrator, summary = fit_calibrator(
-            backbone, data, method, method_options, engine,
-            validation=prepare(validation_data), temperature_data=prepare(temperature_data),
-        )
+        if method == AUTO:
+            calibrator, summary, method_options = fit_auto(backbone, data, method_options, engine)
+        else:
+            calibrator, summary = fit_calibrator(
+                backbone, data, method, method_options, engine,
+                validation=prepare(validation_data), temperature_data=prepare(temperature_data),
+            )
     kept = engine.kept_logits.take() if keep_logits else None
     calibrator.is_fitted = True
     preprocessor = contract_preprocessor(engine_settings.preprocessor, contract)
@@ -180,7 +213,7 @@ def fit_calibration(
         warn_user(line, CalibrationFitWarning)
     return FittedCalibration(
         calibrator=calibrator,
-        config=_config(backbone, method, calibrator.num_classes),
+        config=_config(backbone, calibrator.method, calibrator.num_classes),
         summary=summary,
         provenance=provenance,
         preprocessor=preprocessor,

@@ -71,11 +71,16 @@ class Family:
 
 
 def _fit_on_logits(calibrator: Calibrator, options: Any, inputs: FitInputs) -> Dict[str, Any]:
-    """One pass caches the base logits of all the data; they are checked against the method's
-    :class:`~hf_calibrate.calibrators.requirements.DataRequirements` (refused below them, warned about
-    near them), then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's."""
-    engine = inputs.engine
-    logits, labels = engine.collect_logits(inputs.backbone, inputs.data)
+    """One pass caches the base logits of all the data, then :func:`fit_on_cached_logits`."""
+    logits, labels = inputs.engine.collect_logits(inputs.backbone, inputs.data)
+    return fit_on_cached_logits(calibrator, options, logits, labels, inputs.engine)
+
+
+def fit_on_cached_logits(calibrator: Calibrator, options: Any, logits: torch.Tensor, labels: torch.Tensor,
+                         engine: Engine) -> Dict[str, Any]:
+    """Fit a logit calibrator on the base's (N, C) ``logits`` and (N,) ``labels``: they are checked against the method's
+    :class:`~hf_calibrate.calibrators.requirements.DataRequirements` (refused below them, warned about near them),
+    then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's."""
     needs = getattr(calibrator, "requirements", DataRequirements())
     checked_labels = check_fit_logits(logits, labels, calibrator.num_classes)
     data_warnings = check_calibration_data(logits, checked_labels, calibrator.method, needs)

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..backbones import Backbone
+from ..calibrators.holdout import paired_difference, shown_below_zero
 from ..calibrators.neural_clamping import NeuralClamping
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
@@ -19,9 +20,6 @@ from . import stepwise_lbfgs
 from .engine import Engine
 from .nc_lbfgs import Objective, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds
 from .nc_start import holdout_scores, initial_delta, require_rereadable
-
-#: z of the two-sided 95 % normal interval of the pooled paired difference
-Z95 = 1.959963984540054
 
 
 @dataclasses.dataclass
@@ -183,8 +181,7 @@ def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[Tuple[float, f
 
 def _significant(selection: Dict[str, Any]) -> bool:
     """Whether the pooled held-out NLL difference (chosen − TS) has its whole 95 % interval below 0."""
-    difference = selection.get("nll_difference")
-    return bool(difference) and difference["high"] is not None and difference["high"] < 0
+    return shown_below_zero(selection.get("nll_difference"))
 
 
 def _apply_choice(fit: Fit, choice: Choice, parts: List[Part], logits: torch.Tensor, labels: torch.Tensor, folds: int,
@@ -216,11 +213,7 @@ def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: to
         return {"nll_difference": None}
     ce = torch.nn.functional.cross_entropy
     differences = ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
-    point = float(differences.mean())
-    if len(differences) < 2:
-        return {"nll_difference": {"point": point, "low": None, "high": None}}
-    half = Z95 * float(differences.std()) / math.sqrt(len(differences))
-    return {"nll_difference": {"point": point, "low": point - half, "high": point + half}}
+    return {"nll_difference": paired_difference(differences)}
 
 
 def _round_record(runs: List[Run], iteration: int, gamma: float, weight: float, held_labels: torch.Tensor, fit: Fit) -> Dict[str, Any]:

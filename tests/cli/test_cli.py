@@ -224,6 +224,25 @@ def test_fit_says_when_neural_clamping_fell_back_to_temperature_scaling(in_sampl
     assert record["fit"]["summary"]["fell_back_to_temperature_scaling"] is True
 
 
+def test_fit_auto_prints_its_choice_and_every_candidate(digits_cnn, digits_folder, tmp_path):
+    """``--method auto`` names the method it chose in the headline, says why, prints each candidate's held-out NLL
+    with its interval, and saves a model of the chosen method whose card carries the same table."""
+    output = tmp_path / "auto"
+    result = run_cli("fit", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--split", "calibration",
+                     "--eval-split", "test", "--method", "auto", "--option", 'candidates=["vector","histogram"]',
+                     "--output", str(output), "--no-progress")
+    assert_ok(result)
+    record = json.loads((output / "calibration_config.json").read_text())
+    chosen = record["method"]
+    assert chosen in ("temperature", "vector", "histogram") and record["fit"]["summary"]["auto"]["chosen"] == chosen
+    assert f"auto ({chosen}) calibration of" in result.stdout
+    assert f"auto chose {chosen} by 5-fold cross-fitted NLL on the" in result.stdout
+    first_cells = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
+    start = first_cells.index("candidate")
+    assert first_cells[start + 1:start + 5] == ["uncalibrated", "temperature", "vector", "histogram"]
+    assert "| candidate | held-out NLL | minus temperature scaling | seconds |" in (output / "README.md").read_text()
+
+
 def test_evaluate_on_the_calibration_split_is_in_sample(in_sample_fallback):
     """A later ``evaluate`` on the split the model was calibrated on knows it (same data, same fingerprint)."""
     result = run_cli("evaluate", "--model", str(in_sample_fallback["output"]), "--dataset", str(in_sample_fallback["folder"]),

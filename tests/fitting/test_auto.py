@@ -1,0 +1,180 @@
+"""``method="auto"``: the rule that chooses, the cross-fitted scores it chooses on, and what the result records.
+
+Properties, not scores: every sample's held-out NLL comes from a fit that did not see it (checked against
+temperature scaling refitted by hand per fold); temperature scaling is kept unless a paired interval shows
+another candidate better, and then the simplest not shown worse than the best is chosen; the result is a
+model of the chosen method that saves, loads and shows its choice in its card; what auto cannot use is refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hf_calibrate import CalibratedModel
+from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, fit_inverse_temperature, stratified_folds
+from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, Scored, choose, cross_fitted_nll
+
+CLASSES = 4
+
+
+def _logits_and_labels(rows: int, seed: int, *, scale: float = 1.0, bias=(0.0, 0.0, 0.0, 0.0)):
+    """(rows, 4) logits a model would give, and labels drawn from softmax of the true logits; the model's logits are
+    the true ones × ``scale`` + ``bias`` (overconfident for scale > 1, biased per class for a non-zero bias)."""
+    generator = torch.Generator().manual_seed(seed)
+    true = 2.5 * torch.randn(rows, CLASSES, generator=generator)
+    labels = torch.multinomial(torch.softmax(true, dim=1), 1, generator=generator).squeeze(1)
+    return scale * true + torch.tensor(bias), labels
+
+
+def _fit_auto(logits, labels, **options) -> CalibratedModel:
+    return CalibratedModel.fit(nn.Identity(), TensorDataset(logits, labels), method="auto", progress=False, **options)
+
+
+# ----------------------------------------------------------------------------- the rule
+
+
+def _scored(method: str, nll: torch.Tensor) -> Scored:
+    return Scored(method, nll.double())
+
+
+def _noise(rows: int, seed: int) -> torch.Tensor:
+    return 0.05 * torch.randn(rows, generator=torch.Generator().manual_seed(seed))
+
+
+def test_temperature_scaling_is_kept_unless_an_interval_shows_another_better():
+    reference = 0.5 + _noise(400, 0).abs()
+    tied = reference + _noise(400, 1)  # no better on average: its interval holds 0
+    choice = choose([_scored("temperature", reference), _scored("vector", tied)])
+    assert choice.method == "temperature"
+    assert "kept" in choice.reason
+    assert choice.versus_reference["vector"]["low"] < 0 < choice.versus_reference["vector"]["high"]
+
+
+def test_a_candidate_shown_better_is_chosen_with_its_interval_in_the_reason():
+    reference = 0.5 + _noise(400, 0).abs()
+    choice = choose([_scored("temperature", reference), _scored("vector", reference - 0.1 + _noise(400, 1))])
+    assert choice.method == "vector"
+    assert choice.versus_reference["vector"]["high"] < 0
+    assert "95 % interval" in choice.reason
+
+
+def test_the_simplest_candidate_not_shown_worse_than_the_best_is_chosen():
+    reference = 0.5 + _noise(400, 0).abs()
+    simpler, best = reference - 0.100 + _noise(400, 1), reference - 0.101 + _noise(400, 2)  # tied with each other
+    choice = choose([_scored("temperature", reference), _scored("vector", simpler), _scored("matrix", best)])
+    assert choice.method == "vector" and "matrix" in choice.reason
+    clearly_best = reference - 0.3 + _noise(400, 3)
+    assert choose([_scored("temperature", reference), _scored("vector", simpler), _scored("matrix", clearly_best)]).method == "matrix"
+
+
+def test_too_few_samples_for_an_interval_keep_temperature_scaling():
+    reference = torch.full((20,), 1.0)
+    choice = choose([_scored("temperature", reference), _scored("vector", reference - 0.5)])
+    assert choice.method == "temperature"
+    assert "too few" in choice.reason
+
+
+def test_left_out_candidates_do_not_take_part():
+    reference = 0.5 + _noise(100, 0).abs()
+    choice = choose([_scored("temperature", reference), Scored("matrix", None, "matrix needs more data")])
+    assert choice.method == "temperature" and "matrix" not in choice.versus_reference
+
+
+# ----------------------------------------------------------------------------- the scores
+
+
+def test_each_sample_is_scored_by_a_fit_that_did_not_see_it():
+    logits, labels = _logits_and_labels(300, 0, scale=2.0)
+    folds = stratified_folds(labels, 5, 0)
+    scores = cross_fitted_nll("temperature", TemperatureScaling.Options(), logits, labels, folds)
+    expected = torch.empty(len(labels), dtype=torch.float64)
+    for fit_rows, held_rows in folds:
+        beta = fit_inverse_temperature(logits[fit_rows], labels[fit_rows])[0]
+        expected[held_rows] = torch.nn.functional.cross_entropy(beta * logits[held_rows].double(), labels[held_rows], reduction="none")
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the fitted model
+
+
+@pytest.fixture(scope="module")
+def biased_fit() -> CalibratedModel:
+    """auto between temperature and vector scaling on logits with a per-class bias no temperature can undo."""
+    logits, labels = _logits_and_labels(600, 1, bias=(2.0, 0.0, 0.0, -2.0))
+    return _fit_auto(logits, labels, candidates=["vector"])
+
+
+def test_a_per_class_bias_makes_auto_choose_vector_scaling(biased_fit):
+    assert biased_fit.method == "vector"
+    record = biased_fit.fit_summary["auto"]
+    assert record["chosen"] == "vector" and record["folds"] == 5 and record["samples"] == 600
+    rows = {row["method"]: row for row in record["candidates"]}
+    assert list(rows) == ["uncalibrated", "temperature", "vector"]
+    assert rows["vector"]["versus_temperature"]["high"] < 0
+    assert rows["vector"]["held_out_nll"] < rows["temperature"]["held_out_nll"] < rows["uncalibrated"]["held_out_nll"]
+
+
+def test_overconfidence_alone_keeps_temperature_scaling():
+    logits, labels = _logits_and_labels(400, 2, scale=3.0)
+    model = _fit_auto(logits, labels)
+    assert model.method == "temperature"
+    assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *CANDIDATES]
+    assert model.calibrator.temperature.item() == pytest.approx(3.0, rel=0.25)
+
+
+def test_auto_saves_loads_and_says_why_in_its_card(biased_fit, tmp_path):
+    biased_fit.save_pretrained(tmp_path)
+    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=nn.Identity())
+    assert loaded.method == "vector"
+    assert loaded.fit_summary["auto"] == biased_fit.fit_summary["auto"]
+    card = (tmp_path / "README.md").read_text()
+    assert "## Calibration method: vector scaling (chosen by `method=\"auto\"`)" in card
+    assert "**Why this method.** auto chose vector" in card
+    assert "| candidate | held-out NLL | minus temperature scaling |" in card
+
+
+def test_candidates_below_their_least_data_are_left_out_with_the_reason():
+    logits, labels = _logits_and_labels(200, 3, scale=3.0)
+    labels = logits.argmax(dim=1)  # the model is never wrong: only temperature scaling can be fitted
+    with pytest.warns(UserWarning, match="all 200 calibration rows are classified correctly"):  # temperature scaling's own
+        model = _fit_auto(logits, labels, candidates=["vector", "isotonic"])
+    rows = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}
+    assert model.method == "temperature"
+    assert "misclassified" in rows["vector"]["excluded"] and "misclassified" in rows["isotonic"]["excluded"]
+    assert rows["vector"]["held_out_nll"] is None
+
+
+# ----------------------------------------------------------------------------- what auto refuses
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"candidates": ["neural_clamping"]}, ("neural_clamping", "fit them by name")),
+    ({"candidates": ["vector", "vector"]}, ("distinct",)),
+    ({"candidates": "vector"}, ("candidates",)),
+    ({"folds": 1}, ("folds", "2 to 20")),
+    ({"epochs": 3}, ("epochs", "candidates, folds")),
+])
+def test_options_auto_cannot_use_are_refused_naming_the_fix(options, words):
+    logits, labels = _logits_and_labels(100, 4)
+    with pytest.raises((InvalidOptionError, TypeError)) as caught:
+        _fit_auto(logits, labels, **options)
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_temperature_scaling_is_always_a_candidate():
+    assert AutoOptions(candidates=["isotonic", "vector"]).methods() == ["temperature", "vector", "isotonic"]
+    assert AutoOptions().methods() == list(CANDIDATES)
+
+
+@pytest.mark.parametrize("method", ["auto", "temperature"])
+def test_selection_data_a_method_would_not_read_are_refused(method):
+    logits, labels = _logits_and_labels(100, 5)
+    data = TensorDataset(logits, labels)
+    with pytest.raises(ValueError, match="does not read validation_data"):
+        CalibratedModel.fit(nn.Identity(), data, method=method, validation_data=data, progress=False)
+    with pytest.raises(ValueError, match="does not read temperature_data"):
+        CalibratedModel.fit(nn.Identity(), data, method=method, temperature_data=data, progress=False)
