@@ -181,8 +181,33 @@ class TransformersTextBackbone(_TransformersBackbone):
                 f"input_ids holds token id {low if low < 0 else high}, {outside_vocabulary(vocabulary)}"
             )
 
+    def position_limit(self) -> Optional[int]:
+        """The most tokens the model's absolute position embeddings take (``max_position_embeddings``, less the
+        positions RoBERTa-style models skip after the padding id); None when it has no absolute positions."""
+        config = self.model.config
+        limit = getattr(config, "max_position_embeddings", None)
+        absolute = getattr(config, "position_embedding_type", "absolute") == "absolute"
+        relative_only = getattr(config, "relative_attention", False) and not getattr(config, "position_biased_input", True)
+        if not isinstance(limit, int) or not absolute or relative_only:
+            return None
+        embeddings = getattr(getattr(self.model, "base_model", None), "embeddings", None)
+        offset = getattr(embeddings, "padding_idx", None)  # RoBERTa's positions start after the padding id
+        return limit - (offset + 1) if isinstance(offset, int) else limit
+
+    def check_length(self, inputs: Inputs) -> None:
+        """Refuse sequences longer than :meth:`position_limit` (the model would fail with a bare tensor-size error)."""
+        ids = inputs.get(self.input_key)
+        limit = self.position_limit()
+        if isinstance(ids, torch.Tensor) and ids.ndim == 2 and limit is not None and ids.shape[1] > limit:
+            raise ValueError(
+                f"the input has {ids.shape[1]} tokens, more than the {limit} positions this model takes. Truncate the "
+                f"texts: pipe(texts, truncation=True, max_length={limit}) in a pipeline, "
+                f"tokenizer(texts, truncation=True, max_length={limit}) with the tokenizer."
+            )
+
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
         self.check_token_ids(inputs)
+        self.check_length(inputs)
         if delta is None:
             return self._run(inputs)
         if inputs.get("inputs_embeds") is not None:

@@ -170,11 +170,12 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
             validation = data.splits.get("validation") if reads_selection_data(method)[0] else None
             if "validation" in data.splits and validation is None:
                 console.note(f"{method} does not read --validation-split: it holds out what it needs from the calibration split")
-            models[method] = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
-                                                 validation_data=validation, **_merged(options, own_options[method], method))
-            fallback = models[method].fallback_note()
+            model = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
+                                        validation_data=validation, **_merged(options, own_options[method], method))
+            models[method if model.method == method else f"{method} ({model.method})"] = model  # auto (its choice)
+            fallback = model.fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
-            for line in fit_warning_lines(models[method]):
+            for line in fit_warning_lines(model):
                 console.warn(line)
     result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
                                 bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),

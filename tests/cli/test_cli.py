@@ -367,11 +367,12 @@ def test_compare_ranks_methods_on_the_held_out_split_and_writes_table_json_and_d
     against the uncalibrated model on NLL and Brier, and a row made worse is flagged in the table and in a line."""
     output = tmp_path / "compare"
     assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--methods",
-                 "temperature,histogram", "--option", "histogram.n_bins=5", "--bootstrap", "200", "--no-progress",
-                 "--output", str(output)]) == 0
+                 "temperature,histogram,auto", "--option", "histogram.n_bins=5", "--option", 'auto.candidates=["isotonic"]',
+                 "--bootstrap", "200", "--no-progress", "--output", str(output)]) == 0
     result = json.loads((output / "comparison.json").read_text())
     assert result["metric"] == "nll" and result["split"] == "test" and result["bootstrap"]["replicates"] == 200
-    assert {row["name"] for row in result["rows"]} == {"uncalibrated", "temperature", "histogram"}
+    names = {row["name"] for row in result["rows"]}
+    assert names - {"auto (temperature)", "auto (isotonic)"} == {"uncalibrated", "temperature", "histogram"} and len(names) == 4
     assert [row["metrics"]["nll"] for row in result["rows"]] == sorted(row["metrics"]["nll"] for row in result["rows"])
     for row in result["rows"]:
         assert set(row["versus_uncalibrated"]) == (set() if row["name"] == "uncalibrated" else {"nll", "brier"})

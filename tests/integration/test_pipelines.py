@@ -112,3 +112,16 @@ def test_pipeline_from_the_hub(case, hub_online):
     pipe = pipeline(case["task"], model=repo_id)
     assert isinstance(pipe.model, CalibratedModel)
     _check(_scores(pipe, case), case)
+
+
+def test_a_text_longer_than_the_model_takes_is_refused_naming_truncation():
+    """A pipeline called on a long text without truncation gets an error naming the call that works (the base alone
+    fails with a bare tensor-size RuntimeError); that call gives calibrated scores."""
+    base, data, tokenizer = tm.make_base("bert")
+    pipe = pipeline("text-classification", model=tm.fit(base, data, "temperature", preprocessor=tokenizer), tokenizer=tokenizer)
+    text = " ".join(tm.sentences(40, seed=1))
+    limit = base.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"more than the {limit} positions this model takes.*truncation=True, max_length={limit}"):
+        pipe(text)
+    [output] = pipe(text, truncation=True, max_length=limit)
+    assert output["label"] in base.config.id2label.values() and 0 < output["score"] <= 1
