@@ -7,6 +7,7 @@ Everything goes through the real ``huggingface_hub`` client, so offline mode
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -18,11 +19,13 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     HFValidationError,
     LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 
 from . import cards
+from ._atomic import write_text_atomically
 from .serialization import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError, list_files, owned_files
 
 # Files a calibrated repo needs; others (e.g. a user's notebooks) are not downloaded.
@@ -132,18 +135,66 @@ def _stale_remote_files(api: HfApi, repo_id: str, revision: Optional[str], token
     return sorted(owned_files(record, names.__contains__, listing) - uploaded - {CARD_FILE})
 
 
+@dataclasses.dataclass(frozen=True)
+class ResultsTarget:
+    """Where new evaluation results go (:func:`results_target`): a local calibrated folder, or a hub repo at ``head``.
+
+    Attributes:
+        name: the folder or repo id as given.
+        folder: the local folder (None: a hub repo).
+        head: the hub commit the card is read from and committed on top of (None: a local folder).
+        revision: the hub branch read and written (None: the default).
+    """
+
+    name: str
+    folder: Optional[Path] = None
+    head: Optional[str] = None
+    revision: Optional[str] = None
+
+
+def results_target(target: str | os.PathLike, *, token: Optional[str | bool] = None, revision: Optional[str] = None) -> ResultsTarget:
+    """Check, before anything is evaluated, that ``target`` can take new results: a local folder holding a calibration
+    and its model card, or a hub repo (checked for existence and a card). Raises :class:`ArtifactError` naming the fix."""
+    name = os.fspath(target)
+    folder = Path(name)
+    if folder.is_dir():
+        missing = [file for file in (CALIBRATION_CONFIG, CARD_FILE) if not (folder / file).is_file()]
+        if missing:
+            raise ArtifactError(f"the folder {name} has no {' or '.join(missing)}: it is not a saved calibration; save the "
+                                "model there with CalibratedModel.save_pretrained first, or give its hub repo id.")
+        return ResultsTarget(name, folder=folder)
+    try:
+        head = HfApi(token=token).model_info(name, revision=revision, files_metadata=False)
+    except HFValidationError:
+        raise ArtifactError(f"{name!r} is neither a local folder nor a hub repo id (user/name); give the folder the model "
+                            "was saved to, or its repo id.") from None
+    except OfflineModeIsEnabled:
+        raise ArtifactError(f"{name!r} is not a local folder, and the hub cannot be reached in offline mode (HF_HUB_OFFLINE "
+                            "is set): unset it to push to the hub, or give the folder the model was saved to.") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
+        raise ArtifactError(
+            f"could not find {name!r}{f' at revision {revision!r}' if revision else ''} on the hub "
+            f"({type(error).__name__}); push the model first (CalibratedModel.push_to_hub) or check the repo id."
+        ) from None
+    if CARD_FILE not in {sibling.rfilename for sibling in head.siblings or []}:
+        raise ArtifactError(f"{name!r} has no {CARD_FILE} to add results to; push the model with CalibratedModel.push_to_hub first.")
+    return ResultsTarget(name, head=head.sha, revision=revision)
+
+
 def push_evaluation_results(
-    repo_id: str,
+    target: str | os.PathLike | ResultsTarget,
     evaluation: Dict[str, Any],
     *,
     token: Optional[str | bool] = None,
     revision: Optional[str] = None,
     commit_message: Optional[str] = None,
 ) -> Any:
-    """Replace the ``model-index`` results of ``repo_id``'s model card with ``evaluation``; one commit.
+    """Replace the ``model-index`` results of a calibration's model card with ``evaluation``.
 
     Args:
-        repo_id: a hub repo holding a calibration (its README.md is read and rewritten).
+        target: a hub repo holding a calibration (its README.md is read and rewritten in one commit), a local folder
+            the model was saved to (its README.md is rewritten in place, atomically), or a checked
+            :func:`results_target`.
         evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split), or the ``evaluate``
             evaluator's results of the base's and the calibrated model's pipelines, converted by
             :func:`hf_calibrate.evaluator.as_evaluation`.
@@ -152,46 +203,49 @@ def push_evaluation_results(
 
     The card's other metadata and its body are kept as they are (the body's results table
     still shows the numbers it was generated with, and so does ``calibration_config.json``,
-    which is not touched). The commit is made on top of the commit
-    the card was read from, so a concurrent change to the repo makes it fail instead of
-    being overwritten. Returns the ``CommitInfo``.
+    which is not touched). A hub commit is made on top of the commit the card was read from,
+    so a concurrent change to the repo makes it fail instead of being overwritten. Returns the
+    ``CommitInfo`` (a local folder: the card's path).
     """
     if not evaluation or "calibrated" not in evaluation or "uncalibrated" not in evaluation:
         raise ValueError(
             "evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated'), or evaluator "
             "results converted by hf_calibrate.evaluator.as_evaluation(...)."
         )
+    checked = target if isinstance(target, ResultsTarget) else results_target(target, token=token, revision=revision)
+    if checked.folder is not None:
+        card = ModelCard.load(checked.folder / CARD_FILE)
+        task = card.data.pipeline_tag or _config_task(checked.folder / CALIBRATION_CONFIG)
+        _set_results(card, evaluation, task, checked.folder.resolve().name)
+        write_text_atomically(checked.folder / CARD_FILE, str(card))
+        return checked.folder / CARD_FILE
     api = HfApi(token=token)
-    try:
-        head = api.model_info(repo_id, revision=revision).sha
-        path = api.hf_hub_download(repo_id, CARD_FILE, revision=head)
-    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
-        raise ArtifactError(
-            f"could not find {repo_id!r}{f' at revision {revision!r}' if revision else ''} on the hub "
-            f"({type(error).__name__}); push the model first (CalibratedModel.push_to_hub) or check the repo id."
-        ) from None
-    except EntryNotFoundError:
-        raise ArtifactError(
-            f"{repo_id!r} has no {CARD_FILE} to add results to; push the model with CalibratedModel.push_to_hub first."
-        ) from None
-    card = ModelCard.load(path)
-    task = card.data.pipeline_tag or _recorded_task(api, repo_id, head)
-    card.data.eval_results = cards.eval_results(evaluation, task)
-    if not card.data.model_name:
-        card.data.model_name = repo_id.split("/")[-1]
+    card = ModelCard.load(api.hf_hub_download(checked.name, CARD_FILE, revision=checked.head))
+    task = card.data.pipeline_tag or _config_task(_download_config(api, checked.name, checked.head))
+    _set_results(card, evaluation, task, checked.name.split("/")[-1])
     return api.upload_file(
-        path_or_fileobj=str(card).encode("utf-8"), path_in_repo=CARD_FILE, repo_id=repo_id, revision=revision,
-        commit_message=commit_message or "Update evaluation results (hf_calibrate)", parent_commit=head,
+        path_or_fileobj=str(card).encode("utf-8"), path_in_repo=CARD_FILE, repo_id=checked.name, revision=checked.revision,
+        commit_message=commit_message or "Update evaluation results (hf_calibrate)", parent_commit=checked.head,
     )
 
 
-def _recorded_task(api: HfApi, repo_id: str, revision: str) -> str:
-    """The base task recorded in the repo's calibration_config.json."""
+def _set_results(card: ModelCard, evaluation: Dict[str, Any], task: str, model_name: str) -> None:
+    card.data.eval_results = cards.eval_results(evaluation, task)
+    if not card.data.model_name:
+        card.data.model_name = model_name
+
+
+def _download_config(api: HfApi, repo_id: str, revision: str) -> Path:
+    """The repo's calibration_config.json, downloaded (an :class:`ArtifactError` when it has none)."""
     try:
-        path = api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision)
+        return Path(api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision))
     except EntryNotFoundError:
         raise ArtifactError(
             f"{repo_id!r} has neither a pipeline_tag in its {CARD_FILE} nor a {CALIBRATION_CONFIG}; "
             "it is not an hf_calibrate calibration."
         ) from None
+
+
+def _config_task(path: Path) -> str:
+    """The base task recorded in a calibration_config.json."""
     return json.loads(Path(path).read_text(encoding="utf-8"))["base_model"]["task"]

@@ -127,10 +127,11 @@ class CalibratedHubMixin:
             )
 
     def push_evaluation_results(
-        self, repo_id: str, evaluation: Optional[Dict[str, Any]] = None, *, token: Optional[str | bool] = None,
+        self, repo_id: str | os.PathLike, evaluation: Optional[Dict[str, Any]] = None, *, token: Optional[str | bool] = None,
         revision: Optional[str] = None, commit_message: Optional[str] = None,
     ) -> Any:
-        """Put ``evaluation`` (default: ``last_evaluation``) into the model-index of ``repo_id``'s card; one commit."""
+        """Put ``evaluation`` (default: ``last_evaluation``) into the model-index of the card of ``repo_id`` (one commit),
+        or of a local folder the model was saved to (rewritten in place)."""
         evaluation = evaluation if evaluation is not None else self.last_evaluation
         if not evaluation:
             raise ValueError("nothing to push: run calibrated.evaluate(test_data) first, or pass evaluation=....")

@@ -97,6 +97,7 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
 
     if args.diagram is not None and state.is_main_process:
         check_writable(args.diagram, "--diagram", folder=False)
+    target = _results_target(args) if args.push_results and state.is_main_process else None  # before anything runs
     loaded = _load_model(args, state)
     if args.push_results and not loaded.calibrated:
         raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
@@ -118,11 +119,22 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     if args.diagram is not None and state.is_main_process:
         draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation)}")
         console.note(f"wrote the reliability diagram to {args.diagram}")
-    if args.push_results and state.is_main_process:
+    if target is not None:
         from .. import _hub
 
-        commit = _hub.push_evaluation_results(args.push_results, evaluation, token=args.token)
+        commit = _hub.push_evaluation_results(target, evaluation, token=args.token)
         console.note(f"pushed the results to {args.push_results}: {getattr(commit, 'commit_url', commit)}")
+
+
+def _results_target(args: argparse.Namespace) -> Any:
+    """``--push-results``' folder or repo, checked (exists, holds a calibration card) before anything is evaluated."""
+    from .. import _hub
+    from ..serialization import ArtifactError
+
+    try:
+        return _hub.results_target(args.push_results, token=args.token)
+    except ArtifactError as error:
+        raise UserError(f"--push-results: {error}") from None
 
 
 def _check_compare_splits(args: argparse.Namespace, data: Any) -> None:

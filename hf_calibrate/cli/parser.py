@@ -194,7 +194,8 @@ def _add_evaluate(commands_: Any, common: argparse.ArgumentParser) -> None:
     report.add_argument("--n-bins", type=int, default=15, help="bins of the binned metrics (default 15)")
     report.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     report.add_argument("--diagram", type=Path, metavar="PATH", help="write the reliability diagram(s) as a PNG")
-    report.add_argument("--push-results", metavar="REPO", help="write the results into this calibrated repo's model card")
+    report.add_argument("--push-results", metavar="REPO_OR_FOLDER", help="write the results into the model card of this "
+                        "calibrated hub repo or local folder (checked before the evaluation runs)")
     evaluate.set_defaults(handler=commands.run_evaluate)
 
 

@@ -142,6 +142,39 @@ def test_push_results_rewrites_the_card_metadata(fitted, digits_folder, hub_onli
     assert table_values(printed)[:2] == [round(ece["uncalibrated"], 4), round(ece["calibrated"], 4)]
 
 
+def test_push_results_into_a_local_folder_rewrites_its_card_in_place(fitted, digits_folder, tmp_path):
+    """A saved folder takes new results like a hub repo: its card's model-index changes, nothing else does."""
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    folder = Path(shutil.copytree(fitted["output"], tmp_path / "calibrated"))
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    result = run_cli("evaluate", "--model", str(folder), "--dataset", str(digits_folder), "--split", "calibration",
+                     "--push-results", str(folder), "--no-progress")
+    assert_ok(result)
+    assert {entry.dataset_split for entry in ModelCard.load(folder / "README.md").data.eval_results} == {"calibration"}
+    after = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    assert set(after) == set(before) and {name for name in after if after[name] != before[name]} == {"README.md"}
+
+
+@pytest.mark.parametrize("target, words", [
+    ("empty-folder", ("has no calibration_config.json or README.md", "save_pretrained")),
+    ("user/nowhere", ("not a local folder", "offline mode")),
+    ("not a repo id!", ("neither a local folder nor a hub repo id",)),
+])
+def test_push_results_target_is_checked_before_the_evaluation(tmp_path, capsys, monkeypatch, target, words):
+    """Checked before the model is even loaded (the model and data here do not exist)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "empty-folder").mkdir()
+    pushed = str(tmp_path / target) if target == "empty-folder" else target
+    assert main(["evaluate", "--model", str(tmp_path / "no-model"), "--dataset", str(tmp_path / "no-data"),
+                 "--push-results", pushed, "--no-progress"]) == 1
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith(ERROR_PREFIX)]
+    for word in ("--push-results:", *words):
+        assert word in line, line
+
+
 @pytest.fixture(scope="module")
 def validation_and_test_folder(digits_cnn, tmp_path_factory) -> Path:
     """A dataset whose calibration split is called 'validation', beside a 'test' split."""
