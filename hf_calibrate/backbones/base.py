@@ -255,3 +255,19 @@ class Backbone(ABC):
                 f"the input is on {target.device} but the calibrated model is on {delta.device}; "
                 "move the inputs (or the model with .to(device)) so both share one device."
             )
+
+
+def model_label_names(backbone: Backbone) -> Optional[List[str]]:
+    """The model's class names in index order, or None when it only has generic ``LABEL_i`` names."""
+    names = recorded_label_names(backbone)
+    if names is None or any(name == f"LABEL_{index}" for index, name in enumerate(names)):
+        return None
+    return names
+
+
+def recorded_label_names(backbone: Backbone) -> Optional[List[str]]:
+    """The names the model's ``id2label`` gives its classes (generic ``LABEL_i`` included), None when incomplete."""
+    num_classes = backbone.num_classes
+    id2label = backbone.id2label or {}
+    names = [str(id2label.get(index, "")) for index in range(num_classes or 0)]
+    return names if names and all(names) else None

@@ -8,22 +8,21 @@ import numpy as np
 import torch
 
 from ..backbones import Backbone
+from ..backbones.base import model_label_names, recorded_label_names
 
 
-def model_label_names(backbone: Backbone) -> Optional[List[str]]:
-    """The model's class names in index order, or None when it only has generic ``LABEL_i`` names."""
-    names = _recorded_label_names(backbone)
-    if names is None or any(name == f"LABEL_{index}" for index, name in enumerate(names)):
+def data_class_names(data: Any, column: str, backbone: Backbone) -> Optional[List[str]]:
+    """The class names a ``datasets.Dataset``'s ``column`` gives (a ``ClassLabel``'s, one per class of the model), when
+    the model records none of its own (None otherwise): the calibrated model's labels, so that pipelines show them."""
+    import datasets
+
+    feature = data.features.get(column)
+    if model_label_names(backbone) is not None or not isinstance(feature, datasets.ClassLabel):
+        return None
+    names = [str(name) for name in feature.names]
+    if len(names) != backbone.num_classes or len(set(names)) != len(names):
         return None
     return names
-
-
-def _recorded_label_names(backbone: Backbone) -> Optional[List[str]]:
-    """The names the model's ``id2label`` gives its classes (generic ``LABEL_i`` included), None when incomplete."""
-    num_classes = backbone.num_classes
-    id2label = backbone.id2label or {}
-    names = [str(id2label.get(index, "")) for index in range(num_classes or 0)]
-    return names if names and all(names) else None
 
 
 def label_indices(names: Sequence[Any], backbone: Backbone) -> List[int]:
@@ -32,7 +31,7 @@ def label_indices(names: Sequence[Any], backbone: Backbone) -> List[int]:
     Raises ValueError listing the model's labels when a name is not one of them, or when the
     model has only generic ``LABEL_i`` names and the labels are other names.
     """
-    recorded = _recorded_label_names(backbone) or []
+    recorded = recorded_label_names(backbone) or []
     index = {name: position for position, name in enumerate(recorded)}
     unknown = sorted({str(name) for name in names if name not in index})
     if unknown and model_label_names(backbone) is None:

@@ -17,7 +17,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from ..backbones import Backbone, Inputs
 from .batches import Batch, collate_rows, pad_token_id, sample_collate, split_batch, tensor_bytes
-from .labels import align_labels
+from .labels import align_labels, data_class_names
 from .rows import RowOptions, label_column, raw_row_converter, row_converter
 
 # Preprocessed items are kept in memory for later epochs up to this many bytes.
@@ -36,6 +36,7 @@ class PreparedData:
     preprocessed_here: bool = False  # the library turned raw images or texts into inputs (else: the user did)
     shuffle_block: Optional[int] = None  # shuffled batches permute all the samples at once (streams: within blocks)
     token_vocabulary: Optional[Tuple[str, int]] = None  # (token id input, vocabulary size) of a model of token ids
+    class_names: Optional[List[str]] = None  # the data's class names by index, when the model records none
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -84,7 +85,9 @@ class CachedItems(Dataset):
 def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:
     """A ``datasets.Dataset`` whose labels are matched to the model's and whose rows become model inputs."""
     columns = list(data.column_names)
-    data = align_labels(data, label_column(columns, options), backbone)
+    column = label_column(columns, options)
+    class_names = data_class_names(data, column, backbone)
+    data = align_labels(data, column, backbone)
     to_item, preprocessed_here = row_converter(columns, backbone, options)
     pad_id = pad_token_id(backbone)
     name = getattr(data.info, "dataset_name", None) or None
@@ -96,6 +99,7 @@ def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_byte
         name=name,
         split=split,
         preprocessed_here=preprocessed_here,
+        class_names=class_names,
     )
 
 

@@ -18,7 +18,7 @@ keys all work on dataset indices — with two differences (docs/design.md §3.0)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -75,6 +75,7 @@ class StreamedData:
     Attributes:
         source: the units (:mod:`hf_calibrate.streams.sources`).
         description, name, split, preprocessed_here: as for :class:`hf_calibrate.data.PreparedData`.
+        class_names: always None (a stream does not carry class names; :class:`hf_calibrate.data.PreparedData` may).
         pad_id: the token id sequences are padded with when batches are joined.
         index: the :class:`StreamIndex`, set by the first pass.
         shuffle_block: shuffled plans permute within blocks of this many samples (None: all of
@@ -90,6 +91,7 @@ class StreamedData:
         self.index: Optional[StreamIndex] = None
         self.shuffle_block: Optional[int] = None
         self.token_vocabulary: Optional[Tuple[str, int]] = None
+        self.class_names: Optional[List[str]] = None  # streams do not carry class names (PreparedData's do)
         self._fingerprints: Dict[int, Tuple[int, float]] = {}
         self._kept: Optional[Dict[int, Batch]] = None
 

@@ -29,7 +29,7 @@ from ..backbones.preprocessing import contract_preprocessor
 from ..calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
 from ..calibrators.neural_clamping import recorded_select_metric
 from ..configuration import TASKS, CalibratedConfig
-from ..data import CalibrationData, prepare_data
+from ..data import CalibrationData, model_label_names, prepare_data
 from ..data.sources import is_one_shot
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
@@ -205,6 +205,8 @@ def fit_calibration(
     preprocessor = contract_preprocessor(engine_settings.preprocessor, contract)
     provenance = _provenance(model, data, data_sources, naming, engine, method_options)
     provenance["input_contract"] = contract
+    if data.class_names and model_label_names(backbone) is None:
+        summary["class_names"] = "the calibration data's (the base model records none)"
     identities = (reporting.data_identity(source) for source in data_sources if source is not None)
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
@@ -213,7 +215,7 @@ def fit_calibration(
         warn_user(line, CalibrationFitWarning)
     return FittedCalibration(
         calibrator=calibrator,
-        config=_config(backbone, calibrator.method, calibrator.num_classes),
+        config=_config(backbone, calibrator.method, calibrator.num_classes, data),
         summary=summary,
         provenance=provenance,
         preprocessor=preprocessor,
@@ -222,12 +224,15 @@ def fit_calibration(
     )
 
 
-def _config(backbone: Backbone, method: str, num_classes: int) -> CalibratedConfig:
+def _config(backbone: Backbone, method: str, num_classes: int, data: CalibrationData) -> CalibratedConfig:
+    """The calibrated model's config; its labels are the model's names, else the calibration data's, else ``LABEL_i``."""
+    from_data = data.class_names and {index: name for index, name in enumerate(data.class_names)}
+    named = backbone.id2label if model_label_names(backbone) is not None else None
     return CalibratedConfig(
         base_library=backbone.library,
         base_task=TASKS[backbone.modality],
         calibration_method=method,
-        id2label=backbone.id2label or {index: f"LABEL_{index}" for index in range(num_classes)},
+        id2label=named or from_data or backbone.id2label or {index: f"LABEL_{index}" for index in range(num_classes)},
     )
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from ..backbones import Backbone
 from ..backbones.loading import IMAGE_TASK, TEXT_TASK, auto_classes, load_timm_folder
 from ..calibrators import Calibrator, calibrator_class
+from ..backbones.base import model_label_names
 from .files import BASE_FOLDER, CALIBRATION_CONFIG
 from .identity import weights_fingerprint
 from .._warnings import warn_user
@@ -211,7 +212,8 @@ def verify_against_base(
             f"{calibrator.num_classes}; load it with the base it was fitted on."
         )
     saved_labels = {int(k): v for k, v in (base.get("id2label") or {}).items()}
-    if saved_labels and backbone.id2label and saved_labels != backbone.id2label:
+    named = backbone.id2label and model_label_names(backbone) is not None  # generic LABEL_i: the data may have named them
+    if saved_labels and named and saved_labels != backbone.id2label:
         differing = sorted(k for k in saved_labels if saved_labels.get(k) != backbone.id2label.get(k))[:5]
         raise ArtifactError(
             f"the base model's labels differ from those recorded in {root / CALIBRATION_CONFIG} (e.g. class "

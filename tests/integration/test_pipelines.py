@@ -125,3 +125,42 @@ def test_a_text_longer_than_the_model_takes_is_refused_naming_truncation():
         pipe(text)
     [output] = pipe(text, truncation=True, max_length=limit)
     assert output["label"] in base.config.id2label.values() and 0 < output["score"] <= 1
+
+
+@pytest.mark.parametrize("kind", ["timm", "vit"])
+def test_a_base_without_class_names_takes_them_from_the_calibration_data(kind, tmp_path):
+    """A timm base without label names, or a transformers one with only LABEL_i, calibrated on a ``datasets``
+    ClassLabel column: the calibrated model, its saved folder and a pipeline built from that folder show the data's
+    names (not LABEL_3); the fit summary says where they came from."""
+    import datasets
+
+    base = tm.tiny_timm(0, label_names=None) if kind == "timm" else tm.tiny_vit(0)
+    if kind == "vit":  # transformers' defaults when a config is made without labels
+        base.config.id2label = {index: f"LABEL_{index}" for index in range(tm.NUM_CLASSES)}
+        base.config.label2id = {f"LABEL_{index}": index for index in range(tm.NUM_CLASSES)}
+    pixels, labels = tm.image_data(base, 48).tensors
+    names = ["zero", "one", "two", "three"]
+    features = datasets.Features({"pixel_values": datasets.Array3D(shape=tuple(pixels.shape[1:]), dtype="float32"),
+                                  "label": datasets.ClassLabel(names=names)})
+    data = datasets.Dataset.from_dict({"pixel_values": pixels.numpy(), "label": labels.tolist()}, features=features)
+    preprocessor = TimmWrapperImageProcessor(pretrained_cfg=base.pretrained_cfg) if kind == "timm" else tm.vit_image_processor()
+    calibrated = tm.fit(base, data.with_format("torch"), "temperature", preprocessor=preprocessor)
+    assert calibrated.config.id2label == dict(enumerate(names))
+    assert "calibration data" in calibrated.fit_summary["class_names"]
+    calibrated.save_pretrained(tmp_path)
+    outputs = pipeline("image-classification", model=str(tmp_path))(tm.pil_images(2, seed=3), top_k=None)
+    assert all(sorted(item["label"] for item in output) == sorted(names) for output in outputs)
+
+
+def test_a_base_with_class_names_keeps_them_whatever_the_data_call_them():
+    import datasets
+
+    base = tm.tiny_timm(0)
+    pixels, labels = tm.image_data(base, 48).tensors
+    order = list(reversed(tm.LABELS))  # the model's names in another order: matched, not adopted
+    features = datasets.Features({"pixel_values": datasets.Array3D(shape=tuple(pixels.shape[1:]), dtype="float32"),
+                                  "label": datasets.ClassLabel(names=order)})
+    data = datasets.Dataset.from_dict({"pixel_values": pixels.numpy(), "label": [order.index(tm.LABELS[i]) for i in labels]},
+                                      features=features)
+    calibrated = tm.fit(base, data.with_format("torch"), "temperature")
+    assert calibrated.config.id2label == dict(enumerate(tm.LABELS)) and "class_names" not in calibrated.fit_summary
