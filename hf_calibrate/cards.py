@@ -336,6 +336,7 @@ def render_card(
         hyperparameters=sorted((key, _fmt_option(value)) for key, value in (record.get("options") or {}).items()),
         selection=_selection(record),
         auto=_auto(record),
+        fitted=reporting.fitted_text(record["method"], record["fit"].get("summary") or {}),
         fit=fit,
         calibration_dataset=fit.get("dataset_name") or fit.get("dataset"),
         results=_results(evaluation),

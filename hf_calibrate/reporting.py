@@ -195,6 +195,32 @@ def fallback_note(summary: Mapping[str, Any], select_metric: str) -> Optional[st
     )
 
 
+# ----------------------------------------------------------------------------- what a fit learnt
+
+
+def fitted_text(method: str, summary: Mapping[str, Any]) -> Optional[str]:
+    """What a fit of ``method`` learnt, in words, from its ``fit_summary``: the temperature T, δ's L2 norm, a linear
+    map's l2 pull towards temperature scaling, a binning method's prior (None when the summary does not say)."""
+    if summary.get("fell_back_to_temperature_scaling"):
+        scaling = summary.get("temperature_scaling") or {}
+        temperature = scaling.get("fallback_temperature", scaling.get("temperature"))
+        return None if temperature is None else f"T = {temperature:.4g}, δ = 0 (fell back to temperature scaling)"
+    selected = summary.get("selected") or {}
+    if method == "neural_clamping" and "temperature" in selected:
+        return f"T = {selected['temperature']:.4g}, ‖δ‖₂ = {selected['delta_norm']:.4g}"
+    if "l2" in summary and summary.get("temperature") is not None:
+        if summary["l2"] is None:
+            return f"temperature scaling itself (its cross-fitted l2 choice), T = {summary['temperature']:.4g}"
+        return f"pulled towards temperature scaling (T = {summary['temperature']:.4g}) with l2 = {summary['l2']:g}"
+    if "prior" in summary:
+        prior = summary["prior"]
+        return ("prior m = ∞: the values are temperature scaling's probabilities, averaged per bin or block" if prior is None
+                else f"prior m = {prior:g} pseudo-samples centred on temperature scaling's probability")
+    if method == "temperature" and summary.get("temperature") is not None:
+        return f"T = {summary['temperature']:.4g}"
+    return None
+
+
 # ----------------------------------------------------------------------------- method="auto"'s choice
 
 

@@ -36,8 +36,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     """
     from ..backbones import adapt
     from ..modeling import fit_and_evaluate
-    from ..reporting import (CLI_FALLBACK_ADVICE, FALLBACK_SAVED, auto_note, auto_table, evaluation_label, in_sample_warning,
-                             source_display_name)
+    from ..reporting import (CLI_FALLBACK_ADVICE, FALLBACK_SAVED, auto_note, auto_table, evaluation_label, fitted_text,
+                             in_sample_warning, source_display_name)
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
@@ -62,7 +62,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     method = args.method if args.method == calibrated.method else f"{args.method} ({calibrated.method})"
     console.result(f"{method} calibration of {args.model}, evaluated on {evaluation_label(evaluation)}:")
     console.result(metric_table(evaluation))
-    for text in (auto_note(calibrated.fit_summary), auto_table(calibrated.fit_summary)):
+    fitted = fitted_text(calibrated.method, calibrated.fit_summary)
+    for text in (fitted and f"fitted: {fitted}", auto_note(calibrated.fit_summary), auto_table(calibrated.fit_summary)):
         if text:
             console.result(text)
     console.warn(in_sample_warning(evaluation, data.available))

@@ -133,6 +133,7 @@ def test_auto_saves_loads_and_says_why_in_its_card(biased_fit, tmp_path):
     card = (tmp_path / "README.md").read_text()
     assert "## Calibration method: vector scaling (chosen by `method=\"auto\"`)" in card
     assert "**Why this method.** auto chose vector" in card
+    assert "**Fitted:** pulled towards temperature scaling (T = " in card  # what the chosen fit learnt
     assert "| candidate | held-out NLL | minus temperature scaling |" in card
 
 

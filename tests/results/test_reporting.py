@@ -3,12 +3,15 @@ diagram, the CLI and the warnings of ``fit``."""
 
 from __future__ import annotations
 
+import re
+
 import datasets
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hf_calibrate import reporting
+import _tiny_models as tm
+from hf_calibrate import CalibratedModel, reporting
 
 
 @pytest.mark.parametrize(
@@ -124,3 +127,25 @@ def test_every_metric_results_name_has_one_entry_in_the_catalog():
     assert set(evaluation.INTERVAL_METRICS) <= set(reporting.METRIC_NAMES)  # compare's ranking metrics have a title
     assert HIGHER_IS_BETTER == intervals.HIGHER_IS_BETTER == {"accuracy"}
     assert METRIC_INFO["classwise_ece"].short_title == "cw-ECE" and METRIC_INFO["accuracy"].short_title == "acc"
+
+
+@pytest.mark.parametrize("method, options, expected", [
+    ("temperature", {}, r"^T = \d"),
+    ("vector", {"l2": 0.5}, r"^pulled towards temperature scaling \(T = [\d.]+\) with l2 = 0.5$"),
+    ("isotonic", {"prior": 5.0}, r"^prior m = 5 pseudo-samples"),
+    ("neural_clamping", {"epochs": 1, "lr": 0.1}, r"^T = [\d.]+, ‖δ‖₂ = [\d.e-]+$"),
+])
+def test_what_a_fit_learnt_is_said_from_its_summary(method, options, expected):
+    """The card's and the CLI's "fitted" line: T, δ's norm, the l2 pull, the prior; the numbers are the fit's."""
+    base = tm.plain_module()
+    model = CalibratedModel.fit(base, tm.plain_data(base), method=method, progress=False, **options)
+    text = reporting.fitted_text(method, model.fit_summary)
+    assert re.search(expected, text), text
+    if method in ("temperature", "neural_clamping"):
+        assert f"T = {float(model.calibrator.temperature):.4g}" in text
+
+
+def test_a_fallback_says_delta_is_zero():
+    summary = {"fell_back_to_temperature_scaling": True, "temperature_scaling": {"fallback_temperature": 1.5}}
+    assert reporting.fitted_text("neural_clamping", summary) == "T = 1.5, δ = 0 (fell back to temperature scaling)"
+    assert reporting.fitted_text("tst", {}) is None
