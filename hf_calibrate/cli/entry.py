@@ -8,7 +8,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 from .._errors import UserError
 from .inputs import process_state
-from .output import Console, fit_warnings_reported_here
+from .output import Console, fit_warnings_reported_here, warnings_as_lines
 from .parser import PROG, build_parser
 
 EXIT_ERROR = 1
@@ -22,7 +22,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         state = process_state()
         console = Console(state.is_main_process, json_output=getattr(args, "json", False))
-        with _library_progress_bars(args.progress), fit_warnings_reported_here():
+        with _library_progress_bars(args.progress), fit_warnings_reported_here(), warnings_as_lines(console):
             args.handler(args, state, console)
         from .._distributed import shut_down
 

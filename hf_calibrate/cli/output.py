@@ -100,6 +100,18 @@ def fit_warnings_reported_here() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def warnings_as_lines(console: Console) -> Iterator[None]:
+    """Every warning shown inside as one plain ``warning: ...`` line (:meth:`Console.warn`), not Python's
+    ``file:line: Category: message`` followed by a source line; which warnings are shown is left as it was."""
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        console.warn(" ".join(str(message).split()))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def fit_warning_lines(calibrated: Any) -> List[str]:
     """The lines of a fit's ``fit_summary["warnings"]``: a bound hit, separable data, no convergence, data near the least."""
     return list(calibrated.fit_summary.get("warnings") or [])

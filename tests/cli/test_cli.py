@@ -449,3 +449,14 @@ def test_compare_refuses_unknown_or_repeated_methods(capsys):
             main(["compare", "--model", "x", "--dataset", "y", "--methods", methods, "--output", "z"])
         assert exit_info.value.code == 2
         assert "--methods must name distinct methods" in capsys.readouterr().err
+
+
+def test_library_warnings_are_plain_lines(capsys):
+    """A warning raised under a command is one ``warning: ...`` line on stderr, not Python's file:line: Category: form."""
+    import warnings
+
+    from hf_calibrate.cli.output import Console, warnings_as_lines
+
+    with warnings_as_lines(Console(True)):
+        warnings.warn("the temperature has no minimum:\n   check the labels", UserWarning)
+    assert capsys.readouterr().err == "warning: the temperature has no minimum: check the labels\n"
