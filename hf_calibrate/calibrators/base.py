@@ -275,7 +275,8 @@ def _describe(hint: Any) -> str:
     """Words for a type hint: ``Optional[int]`` → ``an integer or None``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union:
-        return " or ".join(_describe(arg) for arg in args)
+        described = " or ".join(_describe(arg) for arg in args if arg is not type(None))
+        return f"{described}, or None" if type(None) in args else described
     if origin in (tuple, list, collections.abc.Sequence):
         return f"a list whose items are each {_describe(args[0]) if args else 'a value'}"
     if origin is collections.abc.Callable:
@@ -292,6 +293,8 @@ def _string_hint(name: str, value: Any, hint: Any) -> str:
     """``" Write lr=0.1, not lr='0.1'."`` when a number was passed as a string."""
     if not isinstance(value, str):
         return ""
+    if _matches([value], hint):
+        return f" Write {name}=[{value!r}], not {name}={value!r}."
     for kind in (int, float):
         try:
             parsed = kind(value)

@@ -35,12 +35,17 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs over it once, not twice.
     """
     from ..backbones import adapt
+    from ..fitting.calibrate import reads_selection_data
     from ..modeling import fit_and_evaluate
     from ..reporting import (CLI_FALLBACK_ADVICE, FALLBACK_SAVED, auto_note, auto_table, evaluation_label, fitted_text,
                              in_sample_warning, source_display_name)
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
+    if args.validation_split and not reads_selection_data(args.method)[0]:
+        raise UserError(f"--validation-split: {args.method} does not read a validation split (it fits on the calibration "
+                        "split alone); drop --validation-split, or use a method that selects on one (neural_clamping, "
+                        "tst, vtst, mac_cal).")
     options = fit_options(args)
     if args.output is not None and state.is_main_process:
         check_writable(args.output, "--output", folder=True)
@@ -182,7 +187,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
             validation = data.splits.get("validation") if reads_selection_data(method)[0] else None
             if "validation" in data.splits and validation is None:
-                console.note(f"{method} does not read --validation-split: it holds out what it needs from the calibration split")
+                console.note(f"{method} does not read --validation-split: it fits on the calibration split alone")
             model = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
                                         validation_data=validation, **_merged(options, own_options[method], method))
             models[method if model.method == method else f"{method} ({model.method})"] = model  # auto (its choice)

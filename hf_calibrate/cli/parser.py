@@ -47,13 +47,15 @@ EVALUATE_EPILOG = """examples:
 COMPARE_EPILOG = """examples:
   hf-calibrate compare --model ./my-vit --dataset ./digits --eval-split test --output ./vit-compare
   hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,dirichlet,tst --metric ece --output out
+  hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,auto,neural_clamping --output out
   hf-calibrate compare --model ./my-vit --dataset ./digits --methods temperature,neural_clamping \
       --option neural_clamping.max_iterations=5 --option batch_size=64 --output out
 
 Each method is fitted with its default options (and those --option gives it) on the calibration split, and
 ranked by the NLL unless --metric says otherwise; methods whose paired difference to the best holds 0
 are marked as tied with it: the test split cannot tell them apart. A method whose NLL or Brier score is
-detectably worse than the uncalibrated model's is marked 'made worse', whatever its rank."""
+detectably worse than the uncalibrated model's is marked 'made worse', whatever its rank. 'auto' takes
+part as any method; its row is named after the method it chose, e.g. 'auto (temperature)'."""
 
 DEMO_EPILOG = """examples:
   hf-calibrate demo                        # both models, output in ./demo_output

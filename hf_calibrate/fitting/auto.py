@@ -25,7 +25,7 @@ from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, RegularisedOptions, calibrator_class
 from ..calibrators.base import FitContext, check_fields, check_fit_logits, require
 from ..calibrators.holdout import Fold, paired_difference, shown_below_zero, stratified_folds
-from ..calibrators.requirements import DataRequirements, check_calibration_data
+from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
 from ..data import CalibrationData
 from .engine import Engine
 from .families import fit_on_cached_logits
@@ -61,6 +61,8 @@ class AutoOptions:
         require(2 <= self.folds <= 20, "folds", self.folds, "an integer from 2 to 20")
         if self.candidates is None:
             return
+        require(len(self.candidates) > 0, "candidates", self.candidates,
+                f"a non-empty list of methods among {', '.join(CANDIDATES)} (leave it out for all of them)")
         unknown = [name for name in self.candidates if name not in CANDIDATES]
         if unknown:
             raise InvalidOptionError(
@@ -100,7 +102,8 @@ def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: 
     """``method`` with its defaults fitted on all the (N, C) ``logits`` and (N,) ``labels`` as a fit of it by name
     would be; the warnings it raises are kept, not shown (only the chosen method's are the user's)."""
     cls = calibrator_class(method)
-    options = cls.Options()
+    seeded = {"seed": engine.options.seed} if "seed" in {field.name for field in dataclasses.fields(cls.Options)} else {}
+    options = cls.Options(**seeded)  # as fit(method=..., seed=...) sets a method's own seed with the fit's
     calibrator = cls.create(logits.shape[1], options).to(logits.device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -137,12 +140,25 @@ def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: to
     return scores
 
 
+def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -> Optional[str]:
+    """Why a method with per-class parameters cannot be a candidate when classes are absent from the calibration data
+    (None otherwise): no held-out row of an absent class exists, so cross-fitting cannot see what the fit does to it."""
+    present = int(torch.unique(labels).numel())
+    if present == num_classes or not getattr(calibrator_class(method), "requirements", DataRequirements()).per_class:
+        return None
+    return (f"{num_classes - present} of the {num_classes} classes are absent from the calibration data; {method} has "
+            "per-class parameters, and no held-out row can show what it does to those classes")
+
+
 def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold], engine: Engine,
                     reference: Optional[torch.Tensor]) -> Scored:
     """One candidate fitted on all the data and scored by cross-fitting (``reference``: temperature scaling's scores,
     which a linear map that chose temperature scaling shares). Data below the candidate's least, or that its fit
     refuses, leave it out with the reason; the reference, temperature scaling, is never excused (its error is the user's)."""
     start = time.perf_counter()
+    absent = absent_classes_reason(method, logits.shape[1], labels)
+    if absent is not None:
+        return Scored(method, None, absent, 0.0)
     try:
         fitted = fit_on_all(method, logits, labels, engine)
         options = fold_options(fitted[2], fitted[1])
@@ -150,7 +166,7 @@ def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, fol
     except ValueError as error:  # InsufficientDataError is one
         if method == REFERENCE:
             raise
-        return Scored(method, None, str(error), time.perf_counter() - start)
+        return Scored(method, None, str(error).replace(f" {MORE_DATA_FIX}", ""), time.perf_counter() - start)
     return Scored(method, nll, None, time.perf_counter() - start, fitted)
 
 
@@ -240,6 +256,9 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     calibrator, summary, chosen_options, caught = next(entry.fitted for entry in scored if entry.method == choice.method)
     for warning in caught if engine.is_main else []:
         warn_user(str(warning.message), warning.category)
+    if len(folds) < options.folds:
+        summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(labels)} "
+                               f"calibration rows; {len(folds)} folds were used (one row held out in each)."]
     summary["auto"] = auto_record(scored, choice, logits, labels, len(folds))
     engine.broadcast_module(calibrator)
     return calibrator, summary, chosen_options

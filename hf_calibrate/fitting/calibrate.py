@@ -110,7 +110,8 @@ def refuse_unread_data(method: str, data_sources: DataSources) -> None:
         if given is not None and not read:
             raise ValueError(
                 f"method {method!r} does not read {name}: it would be ignored. Leave it out"
-                + (", or add its rows to calibration_data (this method holds out what it needs from them)."
+                + (", or add its rows to calibration_data (the logit methods and auto fit on the calibration data alone; "
+                   "those that choose a strength or a method hold out folds of it)."
                    if name == "validation_data" else "; only the head methods (tst, vtst, mac_cal) read it.")
             )
 

@@ -460,3 +460,11 @@ def test_library_warnings_are_plain_lines(capsys):
     with warnings_as_lines(Console(True)):
         warnings.warn("the temperature has no minimum:\n   check the labels", UserWarning)
     assert capsys.readouterr().err == "warning: the temperature has no minimum: check the labels\n"
+
+
+def test_a_validation_split_for_a_method_that_would_not_read_it_is_refused(tmp_path, capsys):
+    """Before anything loads: auto and the logit methods fit on the calibration split alone."""
+    assert main(["fit", "--model", str(tmp_path / "no-model"), "--dataset", str(tmp_path / "no-data"), "--method", "auto",
+                 "--validation-split", "validation", "--output", str(tmp_path / "out"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "--validation-split: auto does not read a validation split" in err and "drop --validation-split" in err

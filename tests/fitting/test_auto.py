@@ -148,13 +148,45 @@ def test_candidates_below_their_least_data_are_left_out_with_the_reason():
     assert rows["vector"]["held_out_nll"] is None
 
 
+def test_per_class_methods_are_left_out_when_classes_are_absent():
+    """No held-out row of an absent class exists, so cross-fitting cannot see a per-class map hurt it: a per-class
+    bias that vector scaling would fix is not enough to choose it with class 2 missing."""
+    logits, labels = _logits_and_labels(600, 6, bias=(2.0, 0.0, 0.0, -2.0))
+    kept = labels != 2
+    model = _fit_auto(logits[kept], labels[kept], candidates=["vector", "matrix", "isotonic"])
+    rows = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}
+    for method in ("vector", "matrix"):
+        assert "1 of the 4 classes are absent" in rows[method]["excluded"] and rows[method]["held_out_nll"] is None
+    assert rows["isotonic"]["excluded"] is None  # top-label: no per-class parameters
+    assert model.method in ("temperature", "isotonic")
+
+
+def test_the_fit_seed_reaches_the_chosen_methods_own_options():
+    """auto's vector fit is the by-name fit with the same seed: same options, same parameters."""
+    logits, labels = _logits_and_labels(300, 7, bias=(2.0, 0.0, 0.0, -2.0))
+    data = TensorDataset(logits, labels)
+    chosen = _fit_auto(logits, labels, candidates=["vector"], seed=7)
+    by_name = CalibratedModel.fit(nn.Identity(), data, method="vector", seed=7, progress=False)
+    assert chosen.method == "vector" and chosen.provenance["options"] == by_name.provenance["options"]
+    assert chosen.provenance["options"]["seed"] == 7
+    torch.testing.assert_close(chosen(logits), by_name(logits))
+
+
+def test_more_folds_than_rows_are_said():
+    logits, labels = _logits_and_labels(12, 8, scale=2.0)
+    with pytest.warns(UserWarning, match="folds=20 is more than the 12 calibration rows; 12 folds were used"):
+        model = _fit_auto(logits, labels, candidates=["isotonic"], folds=20)
+    assert model.fit_summary["auto"]["folds"] == 12
+
+
 # ----------------------------------------------------------------------------- what auto refuses
 
 
 @pytest.mark.parametrize("options, words", [
     ({"candidates": ["neural_clamping"]}, ("neural_clamping", "fit them by name")),
     ({"candidates": ["vector", "vector"]}, ("distinct",)),
-    ({"candidates": "vector"}, ("candidates",)),
+    ({"candidates": "vector"}, ("a list whose items are each a string, or None", "Write candidates=['vector']")),
+    ({"candidates": []}, ("non-empty list", "leave it out")),
     ({"folds": 1}, ("folds", "2 to 20")),
     ({"epochs": 3}, ("epochs", "candidates, folds")),
 ])
