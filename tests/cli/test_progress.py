@@ -120,5 +120,5 @@ def test_a_command_logged_to_a_file_writes_lines_not_redraws(digits_cnn, tmp_pat
     lines = text.splitlines()
     table = lines.index(next(line for line in lines if line.startswith("metric ")))
     stages = [line for line in lines if STAGE_LINE.match(line)]
-    assert len(lines) - len(stages) == table + 2 + 7 + 1, text  # notes, header and rule, 7 metrics, the saved note
+    assert len(lines) - len(stages) == table + 2 + 7 + 2, text  # notes, header and rule, 7 metrics, fitted, the saved note
     assert len(stages) <= 3, text  # a stage of a short fit writes nothing, a long one one line
