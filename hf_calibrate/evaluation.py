@@ -6,13 +6,13 @@ Poisson-bootstrap weights (the same seed, and each sample's global index as its 
 them come, per metric: each side's point and interval, the paired difference
 calibrated − uncalibrated with its interval, and a verdict in plain words
 (:func:`~hf_calibrate.metrics.verdict`: improved / made worse / no detectable change at this
-test size). The JSON form, which :meth:`CalibratedModel.evaluate` returns, the record keeps and
+test size / unchanged, when the two sides agree on every sample). The JSON form, which :meth:`CalibratedModel.evaluate` returns, the record keeps and
 the card and the CLI show::
 
     {"uncalibrated": {metric: value, ..., "intervals": {metric: interval}},
      "calibrated":   {... the same ...},
      "difference":   {metric: interval of calibrated − uncalibrated},
-     "verdicts":     {metric: "improved" | "made worse" | "no detectable change at this test size"},
+     "verdicts":     {metric: "improved" | "made worse" | "no detectable change at this test size" | "unchanged"},
      "bootstrap":    {"replicates": R, "seed": s, "confidence": 0.95}}
 
 where an interval is :meth:`Interval.to_dict` (``point``, ``low``, ``high``, ``confidence``,

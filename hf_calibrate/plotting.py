@@ -94,7 +94,7 @@ def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", xticks=np.linspace(0, 1, 6), yticks=np.linspace(0, 1, 6))
     ax.grid(True, linewidth=0.4, alpha=0.5)
     ax.set_axisbelow(True)
-    ece = f"ECE = {bins.ece:.2%}"
+    ece = f"ECE = {bins.ece:.4f}"  # a fraction to 4 decimals, as every table shows it
     ax.set_title(f"{title}\n{ece}" if title else ece, wrap=True)
     if count_ax is None:
         ax.set_xlabel("confidence")

@@ -314,6 +314,6 @@ def bootstrap_note(evaluation: Mapping[str, Any]) -> Optional[str]:
 def verdict_summary(evaluation: Mapping[str, Any], keys: Sequence[str] = ("ece", "nll", "brier")) -> Optional[str]:
     """One line of what calibration did, in plain words: ``"ECE improved; NLL improved; Brier: no detectable …"``."""
     verdicts = evaluation.get("verdicts") or {}
-    parts = [f"{METRIC_NAMES[key]} {verdicts[key]}" if verdicts[key] != "no detectable change at this test size"
-             else f"{METRIC_NAMES[key]}: {verdicts[key]}" for key in keys if key in verdicts]
+    parts = [f"{METRIC_NAMES[key]}: {verdicts[key]}" if verdicts[key] == "no detectable change at this test size"
+             else f"{METRIC_NAMES[key]} {verdicts[key]}" for key in keys if key in verdicts]
     return "; ".join(parts) or None

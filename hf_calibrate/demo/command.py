@@ -169,7 +169,7 @@ def _change_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str
 
 def _short(verdict: Optional[str]) -> str:
     """A verdict as a table cell shows it."""
-    return {"improved": "improved", "made worse": "worse"}.get(verdict, "no change" if verdict else "")
+    return {"improved": "improved", "made worse": "worse", "unchanged": "unchanged"}.get(verdict, "no change" if verdict else "")
 
 
 def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str], quick: bool) -> str:
@@ -179,7 +179,7 @@ def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str]
     change_header = ["model", "method", *(f"Δ {METRIC_NAMES[key]} [95% CI]" for key in DEMO_CHANGES)]
     change_table = [
         "Change, calibrated − uncalibrated, with its paired 95% bootstrap interval; 'no change': the interval holds 0, "
-        "so this test set cannot tell the change from noise:",
+        "so this test set cannot tell the change from noise; 'unchanged': identical on every test sample:",
         format_table(change_header, changes),
         "",
     ] if changes else []

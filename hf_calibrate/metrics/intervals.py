@@ -88,7 +88,7 @@ __all__ = [
     "verdict",
 ]
 
-VERDICTS = ("improved", "made worse", "no detectable change at this test size")
+VERDICTS = ("improved", "made worse", "no detectable change at this test size", "unchanged")
 
 
 # ----------------------------------------------------------------------------- one-shot draws
@@ -225,11 +225,13 @@ def interval_columns(
 
 
 def verdict(difference: Interval, lower_is_better: bool = True) -> str:
-    """Read a paired difference A − B: ``"improved"``, ``"made worse"`` or no detectable change.
+    """Read a paired difference A − B: ``"improved"``, ``"made worse"``, no detectable change, or ``"unchanged"``.
 
     With ``lower_is_better`` (every calibration metric, NLL, Brier; pass ``False`` for accuracy),
     A improved on B when the whole interval lies below 0 (high < 0) and made it worse when it
-    lies above (low > 0); an interval containing 0 gives ``"no detectable change at this test size"``.
+    lies above (low > 0); an interval containing 0 gives ``"no detectable change at this test size"``,
+    except a difference that is exactly 0 in every replicate (point, low and high all 0: the two sides
+    agree on every sample, e.g. the accuracy of a method that keeps every prediction): ``"unchanged"``.
 
     Example:
         >>> verdict(Interval(point=-0.02, low=-0.03, high=-0.01, confidence=0.95, replicates=1000, seed=0))
@@ -242,11 +244,11 @@ def verdict(difference: Interval, lower_is_better: bool = True) -> str:
             f"difference must be an Interval (a value of paired_bootstrap_intervals or paired_intervals), "
             f"got {type(difference).__name__}."
         )
-    improved, worse, unchanged = VERDICTS
+    improved, worse, undetected, unchanged = VERDICTS
     if not check_flag(lower_is_better, "lower_is_better"):
         improved, worse = worse, improved
     if difference.high < 0.0:
         return improved
     if difference.low > 0.0:
         return worse
-    return unchanged
+    return unchanged if difference.point == difference.low == difference.high == 0.0 else undetected

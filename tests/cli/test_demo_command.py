@@ -19,7 +19,8 @@ _SIGNED = r"[+-]\d\.\d(?:\d{3}|e-\d\d)"  # +0.0123, or -3.2e-05 for an end too c
 FELL_BACK = r"(?P<fell_back> \(fell back to TS\))?"  # a Neural Clamping row whose δ did not help held out is marked so
 CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "
                     rf"(?P<high>{_SIGNED})\] (?P<verdict>improved|worse|no change)\s")
-SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change"}
+SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change",
+                  "unchanged": "unchanged"}
 ROW = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<n>\d+)\s+(?P<values>(?:\d\.\d{{4}} → \d\.\d{{4}}\s*)+)$")
 
 

@@ -263,7 +263,8 @@ def test_paired_difference_of_a_model_with_itself_is_exactly_zero(data, seed: in
     for name, interval in paired.items():
         low_high = (interval.point, interval.low, interval.high)
         assert low_high == (0.0, 0.0, 0.0) or (interval.point == 0.0 and math.isnan(interval.low)), name
-        assert verdict(interval) == "no detectable change at this test size"
+        expected = "unchanged" if low_high == (0.0, 0.0, 0.0) else "no detectable change at this test size"
+        assert verdict(interval) == expected, name
 
 
 def test_paired_interval_detects_a_clear_improvement() -> None:
@@ -277,7 +278,7 @@ def test_paired_interval_detects_a_clear_improvement() -> None:
         assert paired[name].point == one - other
     reversed_ = paired_bootstrap_intervals(overconfident, probs, labels, metrics=["ece"], replicates=300)["ece"]
     assert verdict(reversed_) == "made worse"
-    assert verdict(paired["accuracy"], lower_is_better=False) == "no detectable change at this test size"  # same argmax
+    assert verdict(paired["accuracy"], lower_is_better=False) == "unchanged"  # same argmax: 0 in every replicate
 
 
 def test_paired_interval_is_narrower_than_separate_ones() -> None:
@@ -295,7 +296,7 @@ def test_paired_interval_is_narrower_than_separate_ones() -> None:
         (-0.03, -0.01, True, "improved"),
         (0.01, 0.03, True, "made worse"),
         (-0.01, 0.02, True, "no detectable change at this test size"),
-        (0.0, 0.0, True, "no detectable change at this test size"),
+        (0.0, 0.0, True, "unchanged"),
         (-0.03, 0.0, True, "no detectable change at this test size"),
         (-0.03, -0.01, False, "made worse"),
         (0.01, 0.03, False, "improved"),
@@ -305,7 +306,7 @@ def test_paired_interval_is_narrower_than_separate_ones() -> None:
 def test_verdict_rule(low: float, high: float, lower_is_better: bool, want: str) -> None:
     interval = Interval(point=(low + high) / 2, low=low, high=high, confidence=0.95, replicates=1000, seed=0)
     assert verdict(interval, lower_is_better=lower_is_better) == want
-    assert interval.excludes_zero == (want != "no detectable change at this test size")
+    assert interval.excludes_zero == (want in ("improved", "made worse"))
 
 
 def test_interval_is_reported_with_its_replicates_and_seed() -> None:

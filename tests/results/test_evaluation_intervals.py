@@ -70,7 +70,7 @@ def test_temperature_scaling_keeps_accuracy_so_its_change_is_exactly_zero(scored
     evaluation = scored["model"].evaluate(scored["test"], bootstrap=REPLICATES, progress=False)
     assert flat(evaluation["difference"]["accuracy"]) | {"confidence": 0} == {
         "point": 0.0, "low": 0.0, "high": 0.0, "confidence": 0, "replicates": REPLICATES, "seed": 0}
-    assert evaluation["verdicts"]["accuracy"] == "no detectable change at this test size"
+    assert evaluation["verdicts"]["accuracy"] == "unchanged"  # not "no detectable change": it is exactly 0
 
 
 def test_verdicts_read_the_paired_intervals(scored):
@@ -78,7 +78,8 @@ def test_verdicts_read_the_paired_intervals(scored):
     for name, interval in evaluation["difference"].items():
         better = interval["high"] < 0 if name != "accuracy" else interval["low"] > 0
         worse = interval["low"] > 0 if name != "accuracy" else interval["high"] < 0
-        want = "improved" if better else "made worse" if worse else "no detectable change at this test size"
+        exact = interval["point"] == interval["low"] == interval["high"] == 0.0
+        want = "improved" if better else "made worse" if worse else "unchanged" if exact else "no detectable change at this test size"
         assert evaluation["verdicts"][name] == want, name
 
 

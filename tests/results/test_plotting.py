@@ -178,15 +178,15 @@ def test_empty_bins_draw_nothing():
 
 def test_title_carries_the_ece():
     ax = reliability_diagram(BINS, title="ViT-S/16, CIFAR-10").axes[0]
-    assert ax.get_title() == f"ViT-S/16, CIFAR-10\nECE = {BINS.ece:.2%}"
+    assert ax.get_title() == f"ViT-S/16, CIFAR-10\nECE = {BINS.ece:.4f}"
     other = overconfident_bins(scale=1.0)
-    assert reliability_diagram(other).axes[0].get_title() == f"ECE = {other.ece:.2%}" != f"ECE = {BINS.ece:.2%}"
+    assert reliability_diagram(other).axes[0].get_title() == f"ECE = {other.ece:.4f}" != f"ECE = {BINS.ece:.4f}"
 
 
 def test_probs_and_labels_are_binned_like_reliability_bins():
     ax = reliability_diagram(probs=SPARSE_PROBS, labels=SPARSE_LABELS, n_bins=10).axes[0]
     expected = reliability_bins(SPARSE_PROBS, SPARSE_LABELS, n_bins=10)
-    assert ax.get_title() == f"ECE = {expected.ece:.2%}"
+    assert ax.get_title() == f"ECE = {expected.ece:.4f}"
     assert [b.get_height() for b in bars(ax, "accuracy")] == expected.accuracy[expected.counts > 0].tolist()
 
 
@@ -210,7 +210,7 @@ def test_compare_draws_one_column_per_entry(tmp_path):
     }
     figure = compare_reliability_diagrams(panels, title="calibration", path=path)
     reliability_axes = figure.axes[0::2]
-    assert [ax.get_title() for ax in reliability_axes] == [f"{name}\nECE = {b.ece:.2%}" for name, b in panels.items()]
+    assert [ax.get_title() for ax in reliability_axes] == [f"{name}\nECE = {b.ece:.4f}" for name, b in panels.items()]
     for ax, b in zip(reliability_axes, panels.values()):
         assert [bar.get_height() for bar in bars(ax, "accuracy")] == pytest.approx(b.accuracy[b.counts > 0].tolist())
     assert len(figure.legends) == 1 and figure.get_suptitle() == "calibration"
