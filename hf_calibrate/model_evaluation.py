@@ -36,6 +36,8 @@ import torch
 from torch import nn
 
 from . import _auto_registration, evaluation, reporting, scoring
+from ._warnings import warn_user
+from .backbones.base import format_size
 from .backbones.preprocessing import evaluation_options
 from .data import prepare_data
 from .data.sources import is_one_shot
@@ -86,8 +88,29 @@ def accumulate(
     needs_data = kept is None or not scorer.logit_space or not is_one_shot(data)  # a read generator is not read again
     with torch.no_grad():
         prepared = prepare_data(data, model.backbone, **engine.options.data_options()) if needs_data else None
+        if prepared is not None:
+            warn_if_other_input_size(model, prepared)
         model.to(engine.device)
         return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
+
+
+def warn_if_other_input_size(model: "CalibratedModel", data: Any) -> None:
+    """Warn, at the user's line, when the per-sample input size of the prepared evaluation ``data`` (its first
+    sample's) is not the one the model was calibrated on (its ``input_contract``): its confidences hold for inputs
+    sized and preprocessed like the calibration data, whatever the method (Neural Clamping's δ also refuses another
+    size outright). Empty data are left to the evaluation to refuse."""
+    recorded = (model.provenance.get("input_contract") or {}).get("input_size")
+    try:
+        given = None if recorded is None else model.backbone.input_size(data.first_inputs())
+    except (StopIteration, IndexError):  # no first sample
+        return
+    if recorded is None or given is None or tuple(given) == tuple(recorded):
+        return
+    warn_user(
+        f"the evaluation inputs are {format_size(given)} per sample, but the model was calibrated on {format_size(recorded)} "
+        "inputs: its confidences hold for inputs sized and preprocessed like the calibration data. Preprocess the "
+        "evaluation data the same way (or pass raw images and leave preprocessor unset to use the model's own)."
+    )
 
 
 def evaluate_model(

@@ -154,6 +154,23 @@ def test_another_input_size_at_inference_names_the_size_to_use(cnns):
 
 
 
+def test_evaluating_another_input_size_warns_for_every_method():
+    """A temperature scaling has no δ to refuse another size, so evaluate says it, once, at the user's line; data of
+    the calibrated size say nothing."""
+    base = tm.tiny_timm(0)
+    data = tm.image_data(base, 48)
+    calibrated = tm.fit(base, data, "temperature")
+    pixels, labels = data.tensors
+    larger = TensorDataset(torch.nn.functional.interpolate(pixels, scale_factor=1.5), labels)
+    with pytest.warns(UserWarning, match=r"the evaluation inputs are 3×24×24 per sample, but the model was calibrated on "
+                                         r"3×16×16 inputs") as caught:
+        calibrated.evaluate(larger, bootstrap=0, progress=False)
+    assert [w.filename for w in caught if "evaluation inputs" in str(w.message)] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrated.evaluate(data, bootstrap=0, progress=False)
+
+
 def test_a_fresh_base_passed_by_the_user_takes_a_calibration_of_another_size(cnns, tmp_path):
     """``base_model=`` is a new timm model whose pretrained_cfg declares 3×176×176; δ is 1×8×8 (recorded)."""
     case = cnns["digits-1x8x8"]
