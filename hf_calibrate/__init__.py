@@ -24,8 +24,10 @@ _EXPORTS = {
     "CALIBRATORS": "calibrators",
     "CalibratedConfig": "modeling",
     "CalibratedModel": "modeling",
+    "EVALUATE_MODULES": "evaluate_modules",
     "EngineOptions": "fitting",
     "TemperatureScalingFallbackWarning": "modeling",
+    "evaluate_module_path": "evaluate_modules",
     "register_auto_classes": "modeling",
 }
 
@@ -49,10 +51,12 @@ __all__ = [
     "CALIBRATORS",
     "CalibratedConfig",
     "CalibratedModel",
+    "EVALUATE_MODULES",
     "EngineOptions",
     "TemperatureScalingFallbackWarning",
     "__version__",
     "calibrators",
+    "evaluate_module_path",
     "metrics",
     "register_auto_classes",
 ]

@@ -72,8 +72,8 @@ SUM_TOLERANCE = 1e-3
 #: the sides of an evaluation, in the order the card shows them
 SIDES = ("uncalibrated", "calibrated")
 METRIC_HINT = (
-    "a metric of class probabilities, e.g. evaluate.load('<path>/evaluate_metrics/calibration') (also ece, nll, brier, "
-    "classwise_ece from this repository), or evaluate.combine([...]) of several"
+    "a metric of class probabilities, e.g. evaluate.load(hf_calibrate.evaluate_module_path('calibration')) (also ece, "
+    "nll, brier, classwise_ece), or evaluate.combine([...]) of several"
 )
 
 

@@ -262,17 +262,17 @@ def test_fit_auto_prints_its_choice_and_every_candidate(digits_cnn, digits_folde
     with its interval, and saves a model of the chosen method whose card carries the same table."""
     output = tmp_path / "auto"
     result = run_cli("fit", "--model", str(digits_cnn.path), "--dataset", str(digits_folder), "--split", "calibration",
-                     "--eval-split", "test", "--method", "auto", "--option", 'candidates=["vector","histogram"]',
+                     "--eval-split", "test", "--method", "auto", "--option", 'candidates=["histogram","isotonic"]',
                      "--output", str(output), "--no-progress")
     assert_ok(result)
     record = json.loads((output / "calibration_config.json").read_text())
     chosen = record["method"]
-    assert chosen in ("temperature", "vector", "histogram") and record["fit"]["summary"]["auto"]["chosen"] == chosen
+    assert chosen in ("temperature", "histogram", "isotonic") and record["fit"]["summary"]["auto"]["chosen"] == chosen
     assert f"auto ({chosen}) calibration of" in result.stdout
     assert f"auto chose {chosen} by 5-fold cross-fitted NLL on the" in result.stdout
     first_cells = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
     start = first_cells.index("candidate")
-    assert first_cells[start + 1:start + 5] == ["uncalibrated", "temperature", "vector", "histogram"]
+    assert first_cells[start + 1:start + 5] == ["uncalibrated", "temperature", "histogram", "isotonic"]
     assert "| candidate | held-out NLL | minus temperature scaling | seconds |" in (output / "README.md").read_text()
 
 

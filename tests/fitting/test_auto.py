@@ -103,14 +103,14 @@ def test_each_sample_is_scored_by_a_fit_that_did_not_see_it():
 @pytest.fixture(scope="module")
 def biased_fit() -> CalibratedModel:
     """auto between temperature and vector scaling on logits with a per-class bias no temperature can undo."""
-    logits, labels = _logits_and_labels(600, 1, bias=(2.0, 0.0, 0.0, -2.0))
+    logits, labels = _logits_and_labels(300, 1, bias=(2.0, 0.0, 0.0, -2.0))
     return _fit_auto(logits, labels, candidates=["vector"])
 
 
 def test_a_per_class_bias_makes_auto_choose_vector_scaling(biased_fit):
     assert biased_fit.method == "vector"
     record = biased_fit.fit_summary["auto"]
-    assert record["chosen"] == "vector" and record["folds"] == 5 and record["samples"] == 600
+    assert record["chosen"] == "vector" and record["folds"] == 5 and record["samples"] == 300
     rows = {row["method"]: row for row in record["candidates"]}
     assert list(rows) == ["uncalibrated", "temperature", "vector"]
     assert rows["vector"]["versus_temperature"]["high"] < 0
@@ -118,7 +118,7 @@ def test_a_per_class_bias_makes_auto_choose_vector_scaling(biased_fit):
 
 
 def test_overconfidence_alone_keeps_temperature_scaling():
-    logits, labels = _logits_and_labels(400, 2, scale=3.0)
+    logits, labels = _logits_and_labels(200, 2, scale=3.0)
     model = _fit_auto(logits, labels)
     assert model.method == "temperature"
     assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *CANDIDATES]
@@ -151,7 +151,7 @@ def test_candidates_below_their_least_data_are_left_out_with_the_reason():
 def test_per_class_methods_are_left_out_when_classes_are_absent():
     """No held-out row of an absent class exists, so cross-fitting cannot see a per-class map hurt it: a per-class
     bias that vector scaling would fix is not enough to choose it with class 2 missing."""
-    logits, labels = _logits_and_labels(600, 6, bias=(2.0, 0.0, 0.0, -2.0))
+    logits, labels = _logits_and_labels(300, 6, bias=(2.0, 0.0, 0.0, -2.0))
     kept = labels != 2
     model = _fit_auto(logits[kept], labels[kept], candidates=["vector", "matrix", "isotonic"])
     rows = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}
@@ -163,7 +163,7 @@ def test_per_class_methods_are_left_out_when_classes_are_absent():
 
 def test_the_fit_seed_reaches_the_chosen_methods_own_options():
     """auto's vector fit is the by-name fit with the same seed: same options, same parameters."""
-    logits, labels = _logits_and_labels(300, 7, bias=(2.0, 0.0, 0.0, -2.0))
+    logits, labels = _logits_and_labels(150, 7, bias=(2.0, 0.0, 0.0, -2.0))
     data = TensorDataset(logits, labels)
     chosen = _fit_auto(logits, labels, candidates=["vector"], seed=7)
     by_name = CalibratedModel.fit(nn.Identity(), data, method="vector", seed=7, progress=False)
