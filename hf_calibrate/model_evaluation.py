@@ -38,7 +38,7 @@ from torch import nn
 from . import _auto_registration, evaluation, reporting, scoring
 from ._warnings import warn_user
 from .backbones.base import format_size
-from .backbones.preprocessing import evaluation_options
+from .backbones.preprocessing import differently_scaled, evaluation_options, value_range
 from .data import prepare_data
 from .data.sources import is_one_shot
 from .fitting.calibrate import engine_options, fit_calibration, is_logit_space
@@ -89,28 +89,40 @@ def accumulate(
     with torch.no_grad():
         prepared = prepare_data(data, model.backbone, **engine.options.data_options()) if needs_data else None
         if prepared is not None:
-            warn_if_other_input_size(model, prepared)
+            warn_if_other_inputs(model, prepared)
         model.to(engine.device)
         return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
 
 
-def warn_if_other_input_size(model: "CalibratedModel", data: Any) -> None:
-    """Warn, at the user's line, when the per-sample input size of the prepared evaluation ``data`` (its first
-    sample's) is not the one the model was calibrated on (its ``input_contract``): its confidences hold for inputs
-    sized and preprocessed like the calibration data, whatever the method (Neural Clamping's δ also refuses another
-    size outright). Empty data are left to the evaluation to refuse."""
-    recorded = (model.provenance.get("input_contract") or {}).get("input_size")
+def warn_if_other_inputs(model: "CalibratedModel", data: Any) -> None:
+    """Warn, at the user's line, when the prepared evaluation ``data`` (their first sample) differ from the inputs the
+    model was calibrated on (its ``input_contract``) in per-sample size, or, for images, in how their pixel values look
+    preprocessed (normalised or not, 0–255 or 0–1): its confidences hold for inputs like the calibration data's,
+    whatever the method (Neural Clamping's δ also refuses another size outright). Empty data are left to the
+    evaluation to refuse."""
+    contract = model.provenance.get("input_contract") or {}
+    if contract.get("input_size") is None and contract.get("value_range") is None:
+        return
     try:
-        given = None if recorded is None else model.backbone.input_size(data.first_inputs())
+        inputs = data.first_inputs()
     except (StopIteration, IndexError):  # no first sample
         return
-    if recorded is None or given is None or tuple(given) == tuple(recorded):
-        return
-    warn_user(
-        f"the evaluation inputs are {format_size(given)} per sample, but the model was calibrated on {format_size(recorded)} "
-        "inputs: its confidences hold for inputs sized and preprocessed like the calibration data. Preprocess the "
-        "evaluation data the same way (or pass raw images and leave preprocessor unset to use the model's own)."
-    )
+    recorded, given = contract.get("input_size"), model.backbone.input_size(inputs)
+    if recorded is not None and given is not None and tuple(given) != tuple(recorded):
+        warn_user(
+            f"the evaluation inputs are {format_size(given)} per sample, but the model was calibrated on "
+            f"{format_size(recorded)} inputs: its confidences hold for inputs sized and preprocessed like the calibration "
+            "data. Preprocess the evaluation data the same way (or pass raw images and leave preprocessor unset to use "
+            "the model's own)."
+        )
+    recorded_range, given_range = contract.get("value_range"), value_range(model.backbone, inputs)
+    if recorded_range is not None and given_range is not None and differently_scaled(recorded_range, given_range):
+        warn_user(
+            f"the evaluation inputs' pixel values lie in [{given_range[0]:.3g}, {given_range[1]:.3g}], the calibration "
+            f"inputs' in [{recorded_range[0]:.3g}, {recorded_range[1]:.3g}]: they look preprocessed (normalised or "
+            "scaled) differently, and the model's confidences hold for inputs preprocessed like the calibration data. "
+            "Preprocess them the same way (or pass raw images and leave preprocessor unset to use the model's own)."
+        )
 
 
 def evaluate_model(

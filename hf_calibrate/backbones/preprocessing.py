@@ -22,6 +22,7 @@ an evaluation and warns about an explicit setting that differs.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -183,7 +184,29 @@ def describe_inputs(
         facts = backbone.preprocessing(applied, max_length=max_length, input_size=size)
     else:
         facts = _given_inputs_facts(backbone, size)
-    return {"space": backbone.delta_space, "input_size": list(size) if size is not None else None, "preprocessing": facts}
+    contract = {"space": backbone.delta_space, "input_size": list(size) if size is not None else None, "preprocessing": facts}
+    observed = value_range(backbone, inputs)
+    return contract if observed is None else {**contract, "value_range": observed}
+
+
+def value_range(backbone: Backbone, inputs: Inputs) -> Optional[List[float]]:
+    """[min, max] of an image batch's pixel values (its first sample's), or None for texts and non-float inputs: what
+    shows whether images were normalised (negative values) or scaled to 0–255, cheaply."""
+    main = inputs.get(backbone.input_key)
+    if backbone.modality != "image" or not hasattr(main, "is_floating_point") or not main.is_floating_point():
+        return None
+    first = main[:1].detach()
+    low, high = float(first.min()), float(first.max())
+    return [low, high] if all(map(math.isfinite, (low, high))) else None
+
+
+def differently_scaled(recorded: Sequence[float], given: Sequence[float]) -> bool:
+    """Whether pixel values in ``given`` [min, max] look preprocessed otherwise than ``recorded``: one normalised (with
+    negative values) and the other not, or magnitudes more than 10× apart (0–255 against 0–1)."""
+    negative = lambda bounds: bounds[0] < -0.05  # noqa: E731
+    magnitude = lambda bounds: max(abs(bounds[0]), abs(bounds[1]), 1e-6)  # noqa: E731
+    ratio = magnitude(given) / magnitude(recorded)
+    return negative(recorded) != negative(given) or not 0.1 <= ratio <= 10.0
 
 
 def _given_inputs_facts(backbone: Backbone, size: Optional[Tuple[int, ...]]) -> Dict[str, Any]:

@@ -123,6 +123,13 @@ def _int_list(max_length: int, high: int, max_product: int) -> Check:
     return check
 
 
+def _value_range(value: Any) -> Optional[str]:
+    if isinstance(value, list) and len(value) == 2 and _number_list(value, -1e12, 1e12, allow_null=False) \
+            and value[0] <= value[1]:
+        return None
+    return "must be [min, max]: two finite numbers, min <= max"
+
+
 def path_problem(value: Any) -> Optional[str]:
     """Why ``value`` is not a plain relative path inside a folder, or None."""
     if (
@@ -304,6 +311,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "input_contract.space": Field(_optional(_choice(*_SPACES))),
     "input_contract.shape": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS))),
     "input_contract.input_size": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS)), since=2),
+    "input_contract.value_range": Field(_optional(_value_range), since=2),
     "input_contract.preprocessing": Field(_optional(_json_object())),
     "input_contract.preprocessing.max_length": Field(_optional(_integer(1, 10**12))),
     "preprocessing": Field(_optional(_json_object())),

@@ -154,9 +154,9 @@ def test_another_input_size_at_inference_names_the_size_to_use(cnns):
 
 
 
-def test_evaluating_another_input_size_warns_for_every_method():
-    """A temperature scaling has no δ to refuse another size, so evaluate says it, once, at the user's line; data of
-    the calibrated size say nothing."""
+def test_evaluating_other_inputs_warns_for_every_method():
+    """A temperature scaling has no δ to refuse another size, so evaluate says it, once, at the user's line; so it does
+    for un-normalised pixels of the right size; data like the calibration data say nothing."""
     base = tm.tiny_timm(0)
     data = tm.image_data(base, 48)
     calibrated = tm.fit(base, data, "temperature")
@@ -166,6 +166,9 @@ def test_evaluating_another_input_size_warns_for_every_method():
                                          r"3×16×16 inputs") as caught:
         calibrated.evaluate(larger, bootstrap=0, progress=False)
     assert [w.filename for w in caught if "evaluation inputs" in str(w.message)] == [__file__]
+    unnormalised = TensorDataset((pixels - pixels.min()) / (pixels.max() - pixels.min()), labels)  # [0, 1], same size
+    with pytest.warns(UserWarning, match=r"pixel values lie in \[0\.\d+, 0\.\d+\], the calibration inputs. in \[-.*look preprocessed"):
+        calibrated.evaluate(unnormalised, bootstrap=0, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         calibrated.evaluate(data, bootstrap=0, progress=False)
@@ -452,3 +455,16 @@ def test_samples_of_different_sizes_in_one_batch_name_both_sizes():
     samples = [(torch.randn(1, 8, 8), 0), (torch.randn(1, 9, 9), 1), (torch.randn(1, 8, 8), 2)]
     with pytest.raises(ValueError, match=r"differ in size: \(1, 8, 8\) and \(1, 9, 9\).*resize or crop"):
         CalibratedModel.fit(model, samples, method="temperature", progress=False)
+
+
+@pytest.mark.parametrize("recorded, given, differs", [
+    ([-2.1, 2.6], [-1.9, 2.2], False),   # both normalised
+    ([-2.1, 2.6], [0.0, 1.0], True),     # normalised, then not
+    ([0.0, 1.0], [0.0, 255.0], True),    # 0–1, then 0–255
+    ([0.0, 1.0], [0.02, 0.97], False),   # both 0–1
+    ([0.0, 255.0], [0.0, 250.0], False),
+])
+def test_pixel_ranges_that_look_preprocessed_differently(recorded, given, differs):
+    from hf_calibrate.backbones.preprocessing import differently_scaled
+
+    assert differently_scaled(recorded, given) is differs

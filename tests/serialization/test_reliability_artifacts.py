@@ -39,6 +39,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -63,6 +64,7 @@ import _tiny_models as tm  # noqa: E402
 
 from hf_calibrate import CalibratedModel  # noqa: E402
 from hf_calibrate.serialization import ArtifactError  # noqa: E402
+from hf_calibrate.serialization.schema import RECORD_SCHEMA  # noqa: E402
 
 CONFIG, WEIGHTS, JOURNAL, STAGING = "calibration_config.json", "calibration.safetensors", ".hf_calibrate-journal.json", ".hf_calibrate-staging-"
 OUTCOMES = ("refused clearly", "handled correctly", "silent bad result", "files lost", "unclear error")
@@ -263,10 +265,10 @@ def format_one_artifact(folder: Path) -> None:
     """Turn a saved artifact into what format 1 wrote (no manifest, no digests, no format-2 keys, version 1)."""
     record = json.loads((folder / CONFIG).read_text())
     record["format_version"] = 1
-    for key in ("manifest", "sha256"):
-        record["files"].pop(key, None)
-    for part, key in (("base_model", "classifier"), ("input_contract", "input_size"), ("fit", "data_fingerprints")):
-        record[part].pop(key, None)
+    for path in (path for path, field in RECORD_SCHEMA.items() if field.since >= 2):  # every key format 2 added
+        *parents, key = path.split(".")
+        holder = functools.reduce(lambda part, name: part.get(name) or {}, parents, record)
+        holder.pop(key, None)
     record.pop("record_sha256", None)
     record.pop("evaluation", None)
     (folder / CONFIG).write_text(json.dumps(record))
