@@ -205,7 +205,7 @@ def _format_one(folder: Path) -> None:
     record["format_version"] = 1
     for key in ("manifest", "sha256"):
         record["files"].pop(key)
-    for part, key in (("base_model", "classifier"), ("input_contract", "input_size"), ("fit", "data_fingerprints")):
+    for part, key in (("base_model", "classifier"), ("input_contract", "input_size"), ("input_contract", "value_range"), ("fit", "data_fingerprints")):
         record[part].pop(key, None)
     record.pop("record_sha256")
     record.pop("evaluation", None)
