@@ -62,8 +62,8 @@ DEMO_EPILOG = """examples:
   hf-calibrate demo --models cnn --output /tmp/demo
   hf-calibrate demo --quick                # a smaller, faster configuration
 
-The models are trained on the first run (a few minutes on a laptop CPU) and cached in
-$HF_CALIBRATE_CACHE (default ~/.cache/hf_calibrate/zoo)."""
+The models are trained on the first run and cached in $HF_CALIBRATE_CACHE (default
+~/.cache/hf_calibrate/zoo). Measured on 2 CPU cores: about 3 min the first time, under 1 min after."""
 
 
 class ArgumentParser(argparse.ArgumentParser):

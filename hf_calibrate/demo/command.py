@@ -1,8 +1,8 @@
 """``hf-calibrate demo``: temperature scaling and Neural Clamping on the zoo's models, one table, saved models.
 
-Sized for about a minute on 2 CPU cores once the zoo is cached (:mod:`.models`): MiniLM's Neural
-Clamping (a forward and an input-gradient backward through the transformer per sample and epoch)
-dominates, hence the subsets and the 64-token articles. Importing this module imports nothing
+Sized for under a minute on 2 CPU cores once the zoo (:mod:`.models`) is cached (48 s measured; 183 s
+on a first run, which trains it): MiniLM's Neural Clamping (a forward and an input-gradient backward
+through the transformer per sample and epoch) dominates, hence the subsets and the 64-token articles. Importing this module imports nothing
 heavy (the command line's parser reads :data:`DEMO_MODELS`).
 """
 
@@ -189,7 +189,7 @@ def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str]
         format_table(header, rows),
         "",
         *change_table,
-        "The demo uses a short Neural Clamping schedule and data subsets to run in about a minute on a laptop CPU"
+        "The demo uses a short Neural Clamping schedule and data subsets to run in under a minute on 2 CPU cores"
         + (" (--quick: even smaller; the numbers are noisy)" if quick else "") + ":",
         *settings,
         "The library's default is 500 SGD steps; 20 % of the calibration data select the epoch and fall back to "
