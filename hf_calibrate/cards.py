@@ -117,7 +117,8 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if text is None:
         chosen = summary["selected"]
         baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
-        text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}, {_when(summary, chosen)}: "
+        ridge = f", ρ = {chosen['ridge']}" if "ridge" in chosen else ""
+        text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}{ridge}, {_when(summary, chosen)}: "
                 f"held-out {metric} {_fmt(chosen[f'holdout_{metric}'])} against {_fmt(baseline)} for temperature "
                 f"scaling; T = {_fmt(chosen['temperature'])}, ‖δ‖₂ = {_fmt(chosen['delta_norm'])}.")
     return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"],
@@ -131,11 +132,15 @@ def _when(summary: Dict[str, Any], chosen: Dict[str, Any]) -> str:
     return f"epoch {chosen['epoch']} of {summary['epochs']}"
 
 
+#: how a cross-fitted L-BFGS fit became the model, by its summary's ``refit`` (records without one refitted on all the data)
+REFIT_TEXT = {"all": " (refitted on all the data)", "average": " (the mean of the fold runs' δ and log T there)"}
+
+
 def schedule_text(summary: Dict[str, Any]) -> str:
     """The fit's effective schedule in steps and passes over the data (empty when the summary does not say)."""
     if summary.get("optimizer") == "lbfgs":
         plan = (f"{summary['folds']}-fold cross-fitting" if summary.get("folds", 1) > 1 else "held-out selection data")
-        refit = " (refitted on all the data)" if summary.get("folds", 1) > 1 and not summary.get("fell_back_to_temperature_scaling") else ""
+        refit = REFIT_TEXT.get(summary.get("refit", "all"), "") if summary.get("folds", 1) > 1 and not summary.get("fell_back_to_temperature_scaling") else ""
         return (f"Full-batch L-BFGS, stopped early by {plan}: {summary.get('iterations')} iteration(s) kept{refit}, "
                 f"{summary.get('evaluations')} objective evaluations in all (each a forward and an input-gradient pass of the "
                 "base model over one run's fitting rows).")

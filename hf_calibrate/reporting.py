@@ -41,16 +41,20 @@ FILE_BUILDERS = frozenset({
 HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
 IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
 UNKNOWN_SAMPLE_NOTE = "whether these are data the calibration was fitted on is unknown"
-FALLBACK_ADVICE = (
-    "To get a δ that helps, try more calibration data or a separate validation split, a longer schedule "
-    "(options epochs, lr) or another select_metric; or use the method 'temperature', which fits this same model directly."
-)
 FALLBACK_SAVED = "The saved model is this temperature scaling."
-#: :data:`FALLBACK_ADVICE` in the terms of ``hf-calibrate fit``
-CLI_FALLBACK_ADVICE = (
-    "To get a δ that helps, try more calibration data or --validation-split, a longer schedule (--option epochs=N, "
-    "--option lr=X), or --method temperature, which fits this same model directly."
-)
+#: how to lengthen each Neural Clamping optimiser's schedule, as options of ``fit`` and of ``hf-calibrate fit``
+SCHEDULE_OPTIONS = {"sgd": ("options epochs, lr", "--option epochs=N, --option lr=X"),
+                    "lbfgs": ("options max_iterations, patience, or a weaker ridge", "--option max_iterations=N, --option ridge=X")}
+
+
+def fallback_advice(summary: Mapping[str, Any], cli: bool = False) -> str:
+    """What to try when Neural Clamping fell back to TS, for the fit's optimiser (``cli``: in ``hf-calibrate fit``'s terms)."""
+    api, command = SCHEDULE_OPTIONS["lbfgs" if summary.get("optimizer") == "lbfgs" else "sgd"]
+    if cli:
+        return (f"To get a δ that helps, try more calibration data or --validation-split, a longer schedule ({command}), "
+                "or --method temperature, which fits this same model directly.")
+    return (f"To get a δ that helps, try more calibration data or a separate validation split, a longer schedule ({api}) "
+            "or another select_metric; or use the method 'temperature', which fits this same model directly.")
 
 
 # ----------------------------------------------------------------------------- names of data

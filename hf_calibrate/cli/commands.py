@@ -37,7 +37,7 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     from ..backbones import adapt
     from ..fitting.calibrate import reads_selection_data
     from ..modeling import fit_and_evaluate
-    from ..reporting import (CLI_FALLBACK_ADVICE, FALLBACK_SAVED, auto_note, auto_table, evaluation_label, fitted_text,
+    from ..reporting import (FALLBACK_SAVED, fallback_advice, auto_note, auto_table, evaluation_label, fitted_text,
                              in_sample_warning, source_display_name)
 
     if args.output is None and args.push_to_hub is None:
@@ -73,7 +73,7 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
             console.result(text)
     console.warn(in_sample_warning(evaluation, data.available))
     fallback = calibrated.fallback_note()
-    console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {CLI_FALLBACK_ADVICE}")
+    console.warn(fallback and f"{fallback} {FALLBACK_SAVED} {fallback_advice(calibrated.fit_summary, cli=True)}")
     for line in fit_warning_lines(calibrated):
         console.warn(line)
     save_and_push(calibrated, args, state, console, base_model_id=loaded.hub_id)

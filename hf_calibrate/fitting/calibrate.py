@@ -211,7 +211,7 @@ def fit_calibration(
     identities = (reporting.data_identity(source) for source in data_sources if source is not None)
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
-        warn_user(f"{note} {reporting.FALLBACK_ADVICE}", TemperatureScalingFallbackWarning)
+        warn_user(f"{note} {reporting.fallback_advice(summary)}", TemperatureScalingFallbackWarning)
     for line in summary.get("warnings", []) if engine.is_main else []:
         warn_user(line, CalibrationFitWarning)
     return FittedCalibration(

@@ -18,7 +18,7 @@ from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperat
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
-from .nc_lbfgs import Objective, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds
+from .nc_lbfgs import Objective, Penalty, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds
 from .nc_start import holdout_scores, initial_delta, require_rereadable
 
 
@@ -33,13 +33,24 @@ class Part:
     held_labels: torch.Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One setting of the objective to cross-fit: focal γ, λ on ‖δ‖₂, ridge ρ."""
+
+    gamma: float
+    weight: float
+    ridge: float
+
+    def record(self) -> Dict[str, float]:
+        return {"gamma": self.gamma, "delta_weight": self.weight, "ridge": self.ridge}
+
+
 @dataclasses.dataclass
 class Choice:
-    """The best (γ, λ, iteration) of the cross-fit, its pooled held-out logits and, for one held part, its θ."""
+    """The best (grid point, iteration) of the cross-fit, its pooled held-out logits and its runs' mean θ there."""
 
     score: float = math.inf
-    gamma: float = 0.0
-    weight: float = 0.0
+    point: Optional[GridPoint] = None
     iteration: int = 0
     pooled: Optional[torch.Tensor] = None
     theta: Optional[torch.Tensor] = None
@@ -59,8 +70,9 @@ class Fit:
         self.evaluations += 1
         self.bar.update(1)
 
-    def objective(self, train: torch.Tensor, gamma: float, weight: float) -> Objective:
-        return Objective(self.backbone, self.data, train, self.shape, gamma, weight, self.engine, self.counted)
+    def objective(self, train: torch.Tensor, point: GridPoint, start_log_temperature: float) -> Objective:
+        penalty = Penalty(point.weight, point.ridge, start_log_temperature)
+        return Objective(self.backbone, self.data, train, self.shape, point.gamma, penalty, self.engine, self.counted)
 
     def start_log_temperature(self, train: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> float:
         """log T₀ of a run on ``train`` (rounded to float32, as θ holds it): ``temperature_init``, else the
@@ -71,16 +83,17 @@ class Fit:
             value = math.log(self.options.temperature_init)
         return float(torch.tensor(value, dtype=torch.float32))
 
-    def start_theta(self, train: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """θ₀ of a run on ``train``: δ's starting point and :meth:`start_log_temperature`."""
-        log_t = torch.tensor(self.start_log_temperature(train, logits, labels), device=self.engine.device)
+    def start_theta(self, train: torch.Tensor, log_temperature: float) -> torch.Tensor:
+        """θ₀ of a run on ``train``: δ's starting point and ``log_temperature``."""
+        log_t = torch.tensor(log_temperature, device=self.engine.device)
         delta = initial_delta(self.backbone, self.data, train, self.calibrator, self.options, self.engine, log_t)
         return join_theta(delta, log_t)
 
-    def run(self, part: Part, gamma: float, weight: float, logits: torch.Tensor, labels: torch.Tensor, keep_snapshots: bool) -> Tuple[Run, Objective]:
+    def run(self, part: Part, point: GridPoint, logits: torch.Tensor, labels: torch.Tensor, keep_snapshots: bool) -> Tuple[Run, Objective]:
         """A started run on ``part`` (one evaluation at θ₀), scored once at θ₀."""
-        objective = self.objective(part.train, gamma, weight)
-        state = stepwise_lbfgs.start(self.start_theta(part.train, logits, labels), objective)
+        log_temperature = self.start_log_temperature(part.train, logits, labels)
+        objective = self.objective(part.train, point, log_temperature)
+        state = stepwise_lbfgs.start(self.start_theta(part.train, log_temperature), objective)
         run = Run(part.held, part.held_data, self.shape, state, keep_snapshots)
         if len(part.held) and self.options.delta_init == "zero":  # θ₀ = (0, log T): the cached base logits / T
             run.scored.append(part.held_logits * math.exp(-float(state.theta[-1])))
@@ -100,9 +113,9 @@ def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralCl
                                 "the base model's logits over the calibration data", CALIBRATION_DATA_FIX)
     folds = resolved_folds(options, len(data), validation is not None, engine.world)
     parts = _parts(backbone, data, validation, logits, labels, folds, options, engine)
-    grid = [(gamma, weight) for gamma in options.gamma for weight in options.delta_weight]
+    grid = [GridPoint(gamma, weight, ridge) for gamma in options.gamma for weight in options.delta_weight for ridge in options.ridge]
     if len(grid) > 1 and not len(parts[0].held):
-        raise ValueError("selecting among several gamma/delta_weight values needs held-out data: folds > 1, "
+        raise ValueError("selecting among several gamma/delta_weight/ridge values needs held-out data: folds > 1, "
                          "holdout_fraction > 0 or validation_data.")
     runs_per_point = len(parts) * options.max_iterations
     with engine.progress(len(grid) * runs_per_point + options.max_iterations, "Neural Clamping (L-BFGS)") as bar:
@@ -132,12 +145,12 @@ def _parts(backbone: Backbone, data: CalibrationData, validation: Optional[Calib
 
 def _fit_without_selection(fit: Fit, part: Part, logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
     """Nothing held out: L-BFGS on all rows until it converges or reaches ``max_iterations``; the last state is kept."""
-    gamma, weight = fit.options.gamma[0], fit.options.delta_weight[0]
-    run, objective = fit.run(part, gamma, weight, logits, labels, keep_snapshots=False)
+    point = GridPoint(fit.options.gamma[0], fit.options.delta_weight[0], fit.options.ridge[0])
+    run, objective = fit.run(part, point, logits, labels, keep_snapshots=False)
     iterations = _iterate(run, objective, fit.options.max_iterations)
     _set_calibrator(fit.calibrator, run.state.theta, fit.shape)
     summary = _summary(fit, folds=1, fit_samples=len(part.train), holdout_samples=0, logits=logits, labels=labels)
-    summary["selected"] = _state_record(run.state, gamma, weight, iterations)
+    summary["selected"] = _state_record(run.state, point, iterations)
     summary.update(iterations=iterations, evaluations=fit.evaluations, fell_back_to_temperature_scaling=False)
     return summary
 
@@ -150,26 +163,26 @@ def _iterate(run: Run, objective: Objective, iterations: int) -> int:
     return taken
 
 
-def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[Tuple[float, float]], logits: torch.Tensor,
+def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[GridPoint], logits: torch.Tensor,
                           labels: torch.Tensor, folds: int) -> Dict[str, Any]:
-    """Cross-fit every grid point, pick the best (γ, λ, iteration) against TS, then refit, keep or fall back."""
+    """Cross-fit every grid point, pick the best (point, iteration) against TS, then refit, keep or fall back."""
     options, metric = fit.options, f"holdout_{fit.options.select_metric}"
     held_labels = torch.cat([part.held_labels for part in parts]).cpu()
     baseline_logits = torch.cat([part.held_logits * math.exp(-fit.start_log_temperature(part.train, logits, labels)) for part in parts]).cpu()
     baseline = holdout_scores(baseline_logits, held_labels, options.n_bins)  # on the CPU: bit-identical on every process
     history: List[Dict[str, Any]] = []
     choice = Choice(score=baseline[metric])
-    for gamma, weight in grid:
-        pairs = [fit.run(part, gamma, weight, logits, labels, keep_snapshots=folds == 1) for part in parts]
+    for point in grid:
+        pairs = [fit.run(part, point, logits, labels, keep_snapshots=True) for part in parts]
         runs = [run for run, _ in pairs]
         curve = lockstep(runs, [objective for _, objective in pairs], fit.backbone, fit.engine, options,
                          lambda pooled: holdout_scores(torch.cat(pooled).cpu(), held_labels, options.n_bins)[metric])
         for iteration, score in enumerate(curve):
-            record = _round_record(runs, iteration, gamma, weight, held_labels, fit)
+            record = _round_record(runs, iteration, point, held_labels, fit)
             history.append(record)
             if iteration > 0 and score < choice.score:
-                choice = Choice(score, gamma, weight, iteration, torch.cat([run.scored[iteration] for run in runs]).cpu(),
-                                runs[0].snapshots[iteration] if folds == 1 else None, record)
+                choice = Choice(score, point, iteration, torch.cat([run.scored[iteration] for run in runs]).cpu(),
+                                torch.stack([run.snapshots[iteration] for run in runs]).mean(0), record)
     summary = _summary(fit, folds, len(parts[0].train) if folds == 1 else len(labels), len(held_labels), logits, labels)
     selection = _paired_difference(choice, baseline_logits, held_labels)
     if options.require_significant_gain and not _significant(selection):
@@ -186,25 +199,31 @@ def _significant(selection: Dict[str, Any]) -> bool:
 
 def _apply_choice(fit: Fit, choice: Choice, parts: List[Part], logits: torch.Tensor, labels: torch.Tensor, folds: int,
                   summary: Dict[str, Any]) -> Dict[str, Any]:
-    """Set the calibrator: TS on all rows (fallback), the chosen run's θ (one held part), or a refit on all rows."""
+    """Set the calibrator: TS on all rows (fallback), the chosen runs' mean θ (one held part: its own), or a refit on all rows."""
     fell_back = choice.pooled is None
+    refit = "none" if fell_back or folds == 1 else fit.options.refit
     if fell_back:
-        theta = join_theta(torch.zeros(fit.shape), torch.tensor(summary["temperature_scaling"]["fallback_log_temperature"]))
-        iterations = 0
-    elif folds == 1:
+        theta, iterations = join_theta(torch.zeros(fit.shape), torch.tensor(summary["temperature_scaling"]["fallback_log_temperature"])), 0
+    elif refit == "all":
+        theta, iterations = _refit_on_all(fit, choice, logits, labels)
+    else:  # one held part: its run's own θ; several folds: their mean
         theta, iterations = choice.theta, choice.iteration
-    else:
-        everything = Part(torch.arange(len(labels)), torch.empty(0, dtype=torch.long), fit.data, logits[:0], labels[:0])
-        run, objective = fit.run(everything, choice.gamma, choice.weight, logits, labels, keep_snapshots=False)
-        iterations = _iterate(run, objective, choice.iteration)
-        theta = run.state.theta
     _set_calibrator(fit.calibrator, theta, fit.shape)
     summary["fell_back_to_temperature_scaling"] = fell_back
     summary["selected"] = {"fallback": "temperature_scaling"} if fell_back else dict(
-        choice.record, refit_iterations=iterations, delta_norm=float(theta[:-1].norm()), temperature=math.exp(float(theta[-1])))
-    summary["iterations"] = iterations
+        choice.record, refit_iterations=iterations if refit == "all" else 0, delta_norm=float(theta[:-1].norm()),
+        temperature=math.exp(float(theta[-1])))
+    summary["refit"], summary["iterations"] = refit, iterations
     summary["evaluations"] = fit.evaluations
     return summary
+
+
+def _refit_on_all(fit: Fit, choice: Choice, logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """``refit="all"``: the chosen grid point on every calibration row from the start, for the chosen iterations: (θ, iterations)."""
+    everything = Part(torch.arange(len(labels)), torch.empty(0, dtype=torch.long), fit.data, logits[:0], labels[:0])
+    run, objective = fit.run(everything, choice.point, logits, labels, keep_snapshots=False)
+    iterations = _iterate(run, objective, choice.iteration)
+    return run.state.theta, iterations
 
 
 def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
@@ -216,19 +235,20 @@ def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: to
     return {"nll_difference": paired_difference(differences)}
 
 
-def _round_record(runs: List[Run], iteration: int, gamma: float, weight: float, held_labels: torch.Tensor, fit: Fit) -> Dict[str, Any]:
-    """One history entry: the grid point, the iteration, the runs' mean ‖δ‖ and T, and every pooled held-out score."""
+def _round_record(runs: List[Run], iteration: int, point: GridPoint, held_labels: torch.Tensor, fit: Fit) -> Dict[str, Any]:
+    """One history entry: the grid point, the iteration, every run's ‖δ‖ and T and their means, and every pooled held-out score."""
     traces = [run.trace[iteration] for run in runs]
-    record: Dict[str, Any] = {"gamma": gamma, "delta_weight": weight, "iteration": iteration,
+    record: Dict[str, Any] = {**point.record(), "iteration": iteration,
                               "delta_norm": sum(norm for norm, _ in traces) / len(runs),
-                              "temperature": sum(temperature for _, temperature in traces) / len(runs)}
+                              "temperature": sum(temperature for _, temperature in traces) / len(runs),
+                              "run_delta_norms": [norm for norm, _ in traces], "run_temperatures": [temperature for _, temperature in traces]}
     pooled = torch.cat([run.scored[iteration] for run in runs]).cpu()
     record.update(holdout_scores(pooled, held_labels, fit.options.n_bins))
     return record
 
 
-def _state_record(state: stepwise_lbfgs.LbfgsState, gamma: float, weight: float, iteration: int) -> Dict[str, Any]:
-    return {"gamma": gamma, "delta_weight": weight, "iteration": iteration, "loss": state.value,
+def _state_record(state: stepwise_lbfgs.LbfgsState, point: GridPoint, iteration: int) -> Dict[str, Any]:
+    return {**point.record(), "iteration": iteration, "loss": state.value,
             "delta_norm": float(state.theta[:-1].norm()), "temperature": math.exp(float(state.theta[-1]))}
 
 

@@ -1,6 +1,6 @@
 """The Neural Clamping fit: the entry point, and the SGD optimiser (``optimizer="sgd"``, the authors' recipe).
 
-The opt-in L-BFGS optimiser (``optimizer="lbfgs"``) is :mod:`.nc_lbfgs`; :func:`fit_neural_clamping` dispatches on ``options.optimizer``.
+The default L-BFGS optimiser (``optimizer="lbfgs"``) is :mod:`.nc_lbfgs`; :func:`fit_neural_clamping` dispatches on ``options.optimizer``.
 
 Per epoch the cost is one forward pass and one backward pass to the input over the fitting
 part — the base model is frozen with ``requires_grad_(False)``, so autograd never builds

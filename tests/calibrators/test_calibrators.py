@@ -571,9 +571,11 @@ def test_neural_clamping_grids_and_defaults():
     options = NeuralClamping.Options(gamma=[0, 1, 2], delta_weight=0.05)
     assert options.gamma == (0.0, 1.0, 2.0) and options.delta_weight == (0.05,)
     defaults = NeuralClamping.Options()
-    assert (defaults.optimizer, defaults.lr, defaults.momentum, defaults.gamma, defaults.delta_weight) == ("sgd", 0.01, 0.9, (1.0,), (0.01,))
-    lbfgs = NeuralClamping.Options(optimizer="lbfgs")
-    assert (lbfgs.lr, lbfgs.momentum, lbfgs.max_iterations, lbfgs.patience) == (None, None, 12, 2)
+    assert (defaults.optimizer, defaults.lr, defaults.momentum, defaults.gamma, defaults.delta_weight) == ("lbfgs", None, None, (1.0,), (0.01,))
+    assert (defaults.max_iterations, defaults.patience, defaults.ridge, defaults.refit, defaults.require_significant_gain) == (
+        12, 4, (0.1,), "average", False)
+    sgd = NeuralClamping.Options(optimizer="sgd")
+    assert (sgd.lr, sgd.momentum, sgd.max_iterations, sgd.patience, sgd.ridge, sgd.refit) == (0.01, 0.9, None, None, None, None)
 
 
 def test_neural_clamping_starts_at_the_given_temperature_and_falls_back_to_the_temperature_fit():
