@@ -18,7 +18,7 @@ and is scored on the test half:
   (that is what ``require_significant_gain=True`` does), at the point rule's time;
 * **auto**: ``method="auto"`` (the logit method chosen by cross-fitted NLL; it has no δ).
 
-The default SGD optimiser (500 steps) is not an arm: it costs about twice the reference
+The SGD optimiser (500 steps by default) is not an arm: it costs about twice the reference
 (``benchmarks/results/defaults.md`` has its quality).
 
 Times are wall seconds of the whole fit (ours and TS include their forward passes over the
@@ -181,7 +181,7 @@ def significance_rule(point_rule: Dict[str, Any], ts: Dict[str, Any]) -> Dict[st
     if not point_rule["fell_back"] and interval is not None and interval["high"] < 0:
         return dict(point_rule)
     fallback = {key: ts[key] for key in ("accuracy", *METRICS)}
-    return dict(point_rule, fell_back=True, iterations=0, **fallback)
+    return dict(point_rule, fell_back=True, iterations=0, delta_norm=0.0, temperature=ts.get("temperature"), **fallback)
 
 
 # ----------------------------------------------------------------------------- report

@@ -19,7 +19,7 @@ How each method is fitted — all through the public ``CalibratedModel.fit``:
   model, with a copy of the base's classifier layer as the model — the backbone is frozen and
   in eval mode, so its features are the same in every fit;
 * Neural Clamping on the real model and the real rows (δ enters the input), with the schedule
-  in the table header (reduced on CPU; the default is 500 SGD steps).
+  in the table header (reduced on CPU; the SGD optimiser's default is 500 steps).
 
 Usage::
 

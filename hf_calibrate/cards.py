@@ -118,8 +118,9 @@ def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         chosen = summary["selected"]
         baseline = summary["temperature_scaling"].get(f"holdout_{metric}")
         ridge = f", ρ = {chosen['ridge']}" if "ridge" in chosen else ""
+        scored = "pooled held-out " + metric + " of the fold runs" if summary.get("folds", 1) > 1 else "held-out " + metric
         text = (f"γ = {chosen['gamma']}, λ = {chosen['delta_weight']}{ridge}, {_when(summary, chosen)}: "
-                f"held-out {metric} {_fmt(chosen[f'holdout_{metric}'])} against {_fmt(baseline)} for temperature "
+                f"{scored} {_fmt(chosen[f'holdout_{metric}'])} against {_fmt(baseline)} for temperature "
                 f"scaling; T = {_fmt(chosen['temperature'])}, ‖δ‖₂ = {_fmt(chosen['delta_norm'])}.")
     return {"holdout_samples": summary["holdout_samples"], "total_samples": record["fit"]["num_samples"],
             "text": f"{schedule_text(summary)} {text}".strip()}

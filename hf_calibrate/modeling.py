@@ -163,8 +163,9 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 or ``"auto"``: the logit method cross-fitted held-out NLL shows best (temperature scaling unless
                 another beats it beyond a paired 95 % interval; the model is of the chosen method, and
                 ``fit_summary["auto"]`` says why; options ``candidates``, ``folds``).
-            validation_data: the selection split of Neural Clamping and the head methods (default: they hold
-                out ``holdout_fraction`` of ``calibration_data``); refused by the methods that would not read it.
+            validation_data: the selection split of Neural Clamping and the head methods (default: Neural
+                Clamping cross-fits 2 folds of ``calibration_data``, or holds out ``holdout_fraction`` of it, as the
+                head methods do); refused by the methods that would not read it.
             temperature_data: where head methods fit their optional temperature (``temperature=True``;
                 default: the validation data).
             dataset_name, split: how the model card and evaluations name the calibration data (default: what

@@ -169,7 +169,7 @@ def _add_fit(commands_: Any, common: argparse.ArgumentParser) -> None:
     _model_arguments(fit, calibrated_too=False)
     _data_arguments(fit, "the calibration split (default: 'calibration' or 'validation', or the only split)")
     fit.add_argument("--validation-split", help="selection split of Neural Clamping and the head methods "
-                     "(default: they hold out part of the calibration split)")
+                     "(default: they hold out part of the calibration split, or Neural Clamping cross-fits its folds)")
     fit.add_argument("--eval-split", help="split for the before/after table (default: the first of 'test', 'validation', "
                      "'eval', 'evaluation', 'dev' that the fit does not use; without one, the calibration split itself, "
                      "in-sample and so optimistic, with a warning)")

@@ -2,8 +2,8 @@
 
 * :class:`~hf_calibrate.calibrators.Calibrator` — logit-space methods: one pass caches the base
   logits, then the class's own ``fit_logits``;
-* :class:`~hf_calibrate.calibrators.NeuralClamping` — SGD on δ and log T through the frozen base
-  (:mod:`.neural_clamping`);
+* :class:`~hf_calibrate.calibrators.NeuralClamping` — L-BFGS (default) or SGD on δ and log T through
+  the frozen base (:mod:`.neural_clamping`);
 * :class:`~hf_calibrate.calibrators.HeadCalibrator` — the head loop on cached features
   (:mod:`.heads`), with the per-method hooks of the head classes.
 

@@ -53,8 +53,9 @@ AUTO_FOLDS, AUTO_FOLDS_SIZES = 2, (50, 10_000)
 def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: bool, world: int = 1) -> int:
     """The number of folds a fit on ``count`` samples uses (1: one held-out part, or ``validation_data``).
 
-    Automatic folds also give way to ``holdout_fraction=0`` (nothing held out). Every fold must
-    hold a sample for each of the ``world`` processes.
+    Automatic folds give way to a ``holdout_fraction`` other than its default: 0 (nothing held
+    out) or another share asks for one held-out part of that size. Every fold must hold a sample
+    for each of the ``world`` processes.
     """
     if has_validation:
         if options.folds not in (None, 1):
@@ -62,7 +63,8 @@ def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: 
         return 1
     if options.folds is None:
         low, high = AUTO_FOLDS_SIZES
-        return AUTO_FOLDS if low <= count <= high and options.holdout_fraction > 0 else 1
+        default_share = options.holdout_fraction == type(options).holdout_fraction
+        return AUTO_FOLDS if low <= count <= high and default_share else 1
     if options.folds > 1 and count // options.folds < world:
         raise ValueError(f"folds={options.folds} over {count} calibration samples leaves {count // options.folds} per fold, fewer than "
                          f"the {world} processes that share each fold: use fewer folds or more calibration data.")

@@ -117,8 +117,8 @@ def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralCl
     if len(grid) > 1 and not len(parts[0].held):
         raise ValueError("selecting among several gamma/delta_weight/ridge values needs held-out data: folds > 1, "
                          "holdout_fraction > 0 or validation_data.")
-    runs_per_point = len(parts) * options.max_iterations
-    with engine.progress(len(grid) * runs_per_point + options.max_iterations, "Neural Clamping (L-BFGS)") as bar:
+    refit_iterations = options.max_iterations if folds > 1 and options.refit == "all" else 0
+    with engine.progress(len(grid) * len(parts) * options.max_iterations + refit_iterations, "Neural Clamping (L-BFGS)") as bar:
         fit = Fit(backbone, data, calibrator, options, engine, bar)
         if not len(parts[0].held):
             return _fit_without_selection(fit, parts[0], logits, labels)

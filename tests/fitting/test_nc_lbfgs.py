@@ -77,6 +77,8 @@ def test_automatic_folds_and_too_many_folds():
     assert resolved_folds(options, 49, False) == 1 and resolved_folds(options, 50, False) == 2
     assert resolved_folds(options, 10_001, False) == 1 and resolved_folds(options, 500, True) == 1
     assert resolved_folds(NeuralClamping.Options(optimizer="lbfgs", holdout_fraction=0.0), 500, False) == 1  # nothing held out
+    assert resolved_folds(NeuralClamping.Options(optimizer="lbfgs", holdout_fraction=0.3), 500, False) == 1  # that one part
+    assert resolved_folds(NeuralClamping.Options(optimizer="lbfgs", holdout_fraction=0.2), 500, False) == 2  # the default share
     with pytest.raises(ValueError, match="folds=8 over 6 calibration samples leaves 0 per fold, fewer than the 1 processes"):
         resolved_folds(NeuralClamping.Options(folds=8), 6, False)
     with pytest.raises(ValueError, match="folds=3 over 10 calibration samples leaves 3 per fold, fewer than the 4 processes"):
@@ -107,6 +109,8 @@ def test_sgd_options_select_sgd_and_asking_for_lbfgs_with_them_is_an_error():
         NeuralClamping.Options(optimizer="sgd", ridge=0.1, refit="all")
     with pytest.raises(InvalidOptionError, match="option refit must be one of"):
         NeuralClamping.Options(refit="mean")
+    with pytest.raises(InvalidOptionError, match="require_significant_gain=True is an L-BFGS option, but the SGD recipe"):
+        NeuralClamping.Options(epochs=3, require_significant_gain=True)
 
 
 @settings(max_examples=25, deadline=None)
@@ -204,18 +208,18 @@ def _temperature_start(base, data, temperature):
 
 
 def test_a_fit_where_delta_cannot_help_falls_back_to_the_temperature_method():
-    """Labels drawn independently of the images: no δ beats TS held out (and TS is the temperature method's fit)."""
+    """Labels drawn independently of the images: no δ beats TS held out beyond its interval, so the fit is exactly the
+    temperature method's (``require_significant_gain=True``, so that a chance point gain does not keep a δ)."""
     base = tm.tiny_timm(0)
     pixels = tm.image_tensors(100, seed=1)
     labels = torch.randint(0, tm.NUM_CLASSES, (100,), generator=torch.Generator().manual_seed(2))
     data = torch.utils.data.TensorDataset(pixels, labels)
     with tm.torch_threads(1):
-        calibrated = CalibratedModel.fit(base, data, method="neural_clamping", optimizer="lbfgs", progress=False)
+        calibrated = CalibratedModel.fit(base, data, method="neural_clamping", optimizer="lbfgs", progress=False,
+                                         require_significant_gain=True)
         temperature = CalibratedModel.fit(base, data, method="temperature", progress=False)
     summary = calibrated.fit_summary
-    if not summary["fell_back_to_temperature_scaling"]:  # the paired rule may still keep a δ; then it must have beaten TS
-        assert summary["selection"]["nll_difference"]["point"] < 0
-        return
+    assert summary["fell_back_to_temperature_scaling"] and summary["refit"] == "none"
     assert torch.count_nonzero(calibrated.calibrator.delta) == 0 and summary["iterations"] == 0
     assert float(calibrated.calibrator.temperature) == pytest.approx(float(temperature.calibrator.temperature), rel=1e-5)
 
@@ -227,6 +231,7 @@ def test_one_held_out_part_keeps_the_runs_own_state_and_nothing_held_out_keeps_t
         single = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, folds=1, holdout_fraction=0.25)
         none = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, folds=1, holdout_fraction=0.0, max_iterations=3)
     assert single.fit_summary["folds"] == 1 and single.fit_summary["holdout_samples"] == 20 and single.fit_summary["fit_samples"] == 60
+    assert single.fit_summary["refit"] == "none"  # nothing to average: the run's own state
     assert none.fit_summary["holdout_samples"] == 0 and none.fit_summary["iterations"] <= 3
     assert not none.fit_summary["fell_back_to_temperature_scaling"]
     assert math.isfinite(float(none.calibrator.temperature))
@@ -255,5 +260,29 @@ def test_the_card_says_the_schedule_in_iterations_passes_and_how_the_folds_becam
     card = (tmp_path / "lbfgs" / "README.md").read_text(encoding="utf-8")
     assert (f"Full-batch L-BFGS, stopped early by 2-fold cross-fitting: {summary['iterations']} iteration(s) kept (the mean of "
             f"the fold runs' δ and log T there), {summary['evaluations']} objective evaluations in all") in card
-    assert "ρ = 0.1" in card
+    assert "ρ = 0.1" in card and "pooled held-out nll of the fold runs" in card
     assert "SGD: 2 epoch(s) × 3 step(s) over 96 samples." in (tmp_path / "sgd" / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_ridge_grid_keeps_the_point_and_iteration_of_the_best_pooled_score():
+    base = tm.tiny_timm(0)
+    data = _shifted_data(base, 120)
+    with tm.torch_threads(1):
+        calibrated = CalibratedModel.fit(base, data, method="neural_clamping", progress=False, batch_size=40, ridge=[0.0, 0.1, 10.0])
+    summary = calibrated.fit_summary
+    assert {record["ridge"] for record in summary["history"]} == {0.0, 0.1, 10.0}
+    best = min(summary["history"], key=lambda record: record["holdout_nll"])
+    assert (summary["selected"]["ridge"], summary["selected"]["iteration"]) == (best["ridge"], best["iteration"])
+
+
+def test_cards_of_records_from_before_the_ridge_and_refit_keep_their_meaning():
+    """An L-BFGS summary written before ``refit`` existed was refitted on all the data; one without ``ridge`` shows no ρ."""
+    from hf_calibrate.cards import _selection, schedule_text
+
+    summary = {"optimizer": "lbfgs", "folds": 2, "iterations": 3, "evaluations": 10, "holdout_samples": 100,
+               "fell_back_to_temperature_scaling": False, "temperature_scaling": {"holdout_nll": 0.5},
+               "selected": {"gamma": 1.0, "delta_weight": 0.01, "iteration": 3, "holdout_nll": 0.4, "temperature": 1.2,
+                            "delta_norm": 0.3}}
+    assert "3 iteration(s) kept (refitted on all the data)" in schedule_text(summary)
+    text = _selection({"method": "neural_clamping", "options": {}, "fit": {"num_samples": 100, "summary": summary}})["text"]
+    assert "γ = 1.0, λ = 0.01, iteration 3" in text and "ρ" not in text
