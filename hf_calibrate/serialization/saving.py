@@ -81,8 +81,8 @@ LEGACY_PREPROCESSOR_FILES = (
     "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
     "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
 )
-_LEGACY_BASE_PATTERNS = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-                         "model-*-of-*.safetensors")
+_LEGACY_BASE_WEIGHTS, _LEGACY_BASE_INDEX, _LEGACY_BASE_SHARDS = (
+    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
 
 
 def _sealed_manifest(record: Any) -> Optional[List[str]]:
@@ -93,15 +93,33 @@ def _sealed_manifest(record: Any) -> Optional[List[str]]:
     return manifest if intact and isinstance(manifest, list) and not _path_list(manifest) else None
 
 
+def _legacy_base_files(names: Iterable[str]) -> Set[str]:
+    """Which of the files ``names`` of ``base/`` a format-1 save of an included transformers base provably wrote.
+
+    transformers' ``save_pretrained`` into that save's fresh folder wrote ``config.json`` and the weights: one
+    ``model.safetensors`` or, for a large base, an index and its shards, never both, and a classifier no
+    ``generation_config.json``. So beside ``model.safetensors`` a shard-named file or an index is the user's, and so
+    is any other file.
+    """
+    names = set(names)
+    if _LEGACY_BASE_WEIGHTS in names:
+        weights = {_LEGACY_BASE_WEIGHTS}
+    elif _LEGACY_BASE_INDEX in names:
+        weights = {_LEGACY_BASE_INDEX} | set(fnmatch.filter(names, _LEGACY_BASE_SHARDS))
+    else:
+        weights = set()
+    return ({"config.json"} | weights) & names
+
+
 def owned_files(record: Any, exists: Callable[[str], bool], listing: Callable[[str], Iterable[str]]) -> Set[str]:
     """Relative paths of the files an artifact's own save wrote (not a user's), given its record.
 
     A format-2 record lists them (``files.manifest``), trusted only while the record matches its
     digest. For a format-1 record, or an unreadable or altered one, they are only the files every
     format-1 save of that record wrote — the record, the calibration weights, ``config.json``, the
-    base's own files and (after an evaluation) the diagram — never the preprocessor's, which a user
-    may have put there (``exists(path)`` filters them; ``listing(folder)`` lists a folder, for sharded
-    base weights).
+    base's own files (:func:`_legacy_base_files`) and (after an evaluation) the diagram — never the
+    preprocessor's, which a user may have put there (``exists(path)`` filters them; ``listing(folder)``
+    lists the files of a folder, for ``base/``).
     """
     manifest = _sealed_manifest(record)
     if manifest is not None:
@@ -115,8 +133,7 @@ def owned_files(record: Any, exists: Callable[[str], bool], listing: Callable[[s
     if included and base.get("library") == "timm" and exists("model.safetensors"):
         owned.add("model.safetensors")
     if included and base.get("library") == "transformers":
-        owned |= {f"{BASE_FOLDER}/{name}" for name in listing(BASE_FOLDER)
-                  if any(fnmatch.fnmatch(name, pattern) for pattern in _LEGACY_BASE_PATTERNS)}
+        owned |= {f"{BASE_FOLDER}/{name}" for name in _legacy_base_files(listing(BASE_FOLDER))}
     return owned
 
 

@@ -251,6 +251,42 @@ def test_a_format_one_folder_re_saved_in_place_keeps_what_is_rewritten_identical
     assert CalibratedModel.from_pretrained(target).method == "temperature"
 
 
+def _format_one_vit(models, target: Path) -> None:
+    """A format-1 ViT folder, its transformers base included in ``base/`` (no evaluation, so no diagram)."""
+    models["first"].save_pretrained(target)
+    _format_one(target)
+    (target / cards.DIAGRAM_FILE).unlink()
+
+
+def test_a_save_over_a_format_one_folder_keeps_unproven_base_files(models, tmp_path):
+    """In ``base/`` a format-1 save of a classifier wrote its config and its weights: one ``model.safetensors`` or,
+    for a large base, an index and its shards, never both, and never a ``generation_config.json`` (a classifier does
+    not generate). So beside ``model.safetensors`` a shard-named file, an index or a generation config is the user's:
+    a re-save that drops the base (reference-only) deletes the base's own files and keeps those."""
+    target = tmp_path / "model"
+    _format_one_vit(models, target)
+    users = {"generation_config.json": "{\"mine\": 1}", "model-00001-of-00002.safetensors": "mine",
+             "model.safetensors.index.json": "{\"mine\": 2}", "notes.txt": "my notes"}
+    for name, text in users.items():
+        (target / "base" / name).write_text(text)
+    models["first"].save_pretrained(target, include_base=False, base_model_id="org/base", base_revision="0" * 40)
+    assert {path.name: path.read_text() for path in (target / "base").iterdir()} == users
+
+
+def test_a_save_over_a_format_one_folder_drops_its_sharded_base(models, tmp_path):
+    """A format-1 folder whose base was saved in shards (an index and no model.safetensors): index and shards were
+    the base's own, so a reference-only re-save deletes them with the rest of ``base/``."""
+    target = tmp_path / "model"
+    _format_one_vit(models, target)
+    (target / "base" / "model.safetensors").unlink()
+    models["base"].save_pretrained(target / "base", max_shard_size="4KB")
+    assert (target / "base" / "model.safetensors.index.json").is_file() and not (target / "base" / "model.safetensors").exists()
+    with pytest.warns(serialization.UnverifiedArtifactWarning):
+        loaded = CalibratedModel.from_pretrained(target, allow_unverified=True)
+    loaded.save_pretrained(target, include_base=False, base_model_id="org/base", base_revision="0" * 40)
+    assert not (target / "base").exists()
+
+
 def test_saved_files_get_the_umask_mode(models, tmp_path):
     """Every file of a save, the safetensors ones included (safetensors writes 0600), gets the mode the umask gives
     a new file, whatever the umask."""
