@@ -205,7 +205,7 @@ def evaluate_plain_model(
     engine = Engine(EngineOptions(**options))
     backbone = adapt(model)
     model.to(engine.device).eval()
-    prepared = prepare_data(data, backbone, **engine.options.data_options())
+    prepared = prepare_data(data, backbone, role="evaluation data", **engine.options.data_options())
     (metrics,) = score(Scorer.plain(backbone), engine, prepared, (n_bins, bootstrap), kept=None)
     result = {"uncalibrated": evaluation.summarize_one(metrics), "reliability": {"uncalibrated": metrics.reliability().to_dict()},
               "dataset": dataset_name, "split": split, "n_bins": n_bins}

@@ -75,9 +75,10 @@ class Backbone(ABC):
         which may differ from this (a timm CNN used at 32×32 declares 224×224).
         """
 
-    def token_vocabulary(self) -> Optional[Tuple[str, int]]:
-        """(the input holding token ids, the number of tokens the model embeds) for a model of token ids, else None."""
-        return None
+    def token_vocabularies(self) -> Dict[str, int]:
+        """Each input holding token ids (``input_ids``, ``token_type_ids``) and how many ids the model embeds for it
+        (empty for a model of other inputs)."""
+        return {}
 
     def takes_input(self, name: str) -> bool:
         """Whether the model's forward takes an input called ``name`` (other data columns are not passed)."""

@@ -124,12 +124,19 @@ class TransformersVisionBackbone(_TransformersBackbone):
         return self._run(inputs)
 
 
-def outside_vocabulary(vocabulary: int) -> str:
-    """The rest of an error about token ids outside a vocabulary of ``vocabulary`` tokens: what it means and the fix."""
+def outside_vocabulary(key: str, size: int) -> str:
+    """The rest of an error about ids of the input ``key`` outside the ``size`` ids its embedding has rows for: what it
+    means and the fix."""
+    if key != "token_type_ids":
+        return (
+            f"outside this model's vocabulary of {size} tokens (ids 0 to {size - 1}); the texts were tokenized "
+            "with another tokenizer, or the ids were changed. Tokenize them with the model's own tokenizer (or pass the raw "
+            "texts with preprocessor=<its tokenizer>)."
+        )
     return (
-        f"outside this model's vocabulary of {vocabulary} tokens (ids 0 to {vocabulary - 1}); the texts were tokenized "
-        "with another tokenizer, or the ids were changed. Tokenize them with the model's own tokenizer (or pass the raw "
-        "texts with preprocessor=<its tokenizer>)."
+        f"outside this model's {size} token type(s) (ids 0 to {size - 1}); the texts were tokenized for another model "
+        "(e.g. as sentence pairs, by a tokenizer whose model has more token types). Tokenize them with the model's own "
+        "tokenizer, or drop token_type_ids."
     )
 
 
@@ -166,20 +173,25 @@ class TransformersTextBackbone(_TransformersBackbone):
             return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         return (input_ids != pad_id).to(torch.float32)
 
-    def token_vocabulary(self) -> Tuple[str, int]:
-        return self.input_key, int(self.model.get_input_embeddings().num_embeddings)
+    def token_vocabularies(self) -> Dict[str, int]:
+        """``input_ids``' vocabulary size and, when the model embeds token types, ``token_type_ids``' count of them
+        (``config.type_vocab_size``; a model with 0 ignores them)."""
+        sizes = {self.input_key: int(self.model.get_input_embeddings().num_embeddings)}
+        types = getattr(self.model.config, "type_vocab_size", None)
+        if isinstance(types, int) and types > 0 and self.takes_input("token_type_ids"):
+            sizes["token_type_ids"] = types
+        return sizes
 
     def check_token_ids(self, inputs: Inputs) -> None:
-        """Refuse ``input_ids`` outside the model's vocabulary (the embedding would fail with a bare IndexError)."""
-        ids = inputs.get(self.input_key)
-        if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
-            return
-        vocabulary = self.token_vocabulary()[1]
-        low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())
-        if low < 0 or high >= vocabulary:
-            raise ValueError(
-                f"input_ids holds token id {low if low < 0 else high}, {outside_vocabulary(vocabulary)}"
-            )
+        """Refuse ``input_ids`` (or ``token_type_ids``) outside what the model embeds (the embedding would fail with a
+        bare IndexError)."""
+        for key, size in self.token_vocabularies().items():
+            ids = inputs.get(key)
+            if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
+                continue
+            low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())
+            if low < 0 or high >= size:
+                raise ValueError(f"{key} holds token id {low if low < 0 else high}, {outside_vocabulary(key, size)}")
 
     def position_limit(self) -> Optional[int]:
         """The most tokens the model's absolute position embeddings take (``max_position_embeddings``, less the

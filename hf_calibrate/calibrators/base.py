@@ -35,11 +35,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._errors import UserError
 from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
 
 
-class InvalidOptionError(ValueError, TypeError):
-    """An option of the wrong type or outside its range (both a ValueError and a TypeError)."""
+class InvalidOptionError(UserError, TypeError):
+    """An option of the wrong type or outside its range (a :class:`~hf_calibrate._errors.UserError`, so a ValueError,
+    and a TypeError)."""
 
 
 def _no_progress(total: int, description: str) -> tqdm:
@@ -236,10 +238,51 @@ def _field_hints(options_class: type) -> Dict[str, Any]:
     return {field.name: hints.get(field.name, Any) for field in dataclasses.fields(options_class)}
 
 
-#: the largest magnitude a float option may have: every method's float options (rates, strengths, weights, gains,
-#: temperatures, fractions) are far below it, and beyond it a fit's arithmetic overflows (lr=1e308 makes torch
-#: raise an overflow RuntimeError) instead of failing the option check
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric option may take: ``low`` to ``high``, each end included unless it is open.
+
+    An options dataclass declares one per field with :func:`ranged`; :func:`check_option_types` checks every value
+    (each item of a list) against it, where every option is checked.
+    """
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self, integer: bool) -> str:
+        """``"a positive number in (0, 1]"``, ``"a number in [0.001, 1000]"``, or ``"an integer from 1 to 10000"`` for an
+        integer option."""
+        if integer:
+            return f"an integer from {self.low:g} to {self.high:g}"
+        sign = ("positive " if self.low_open else "non-negative ") if self.low == 0 else ""
+        return f"a {sign}number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+#: the metadata key of a field's :class:`Range`
+RANGE = "range"
+#: the largest magnitude a float option may have when its class declares no :class:`Range` for it (a method defined
+#: outside this library): beyond it a fit's arithmetic overflows (lr=1e308 made torch raise an overflow RuntimeError)
 MAX_FLOAT_OPTION = 1e6
+_UNDECLARED_FLOAT = Range(-MAX_FLOAT_OPTION, MAX_FLOAT_OPTION)
+
+
+#: the learning rates of the gradient fits (Neural Clamping's SGD, the heads' Adam): a step of more moves the
+#: parameters past anything a fit can use (Neural Clamping's SGD at lr=1e6 ended at T = inf)
+LEARNING_RATE = Range(0.0, 1.0, low_open=True)
+#: a share of the calibration data held out for selection
+HELD_OUT_SHARE = Range(0.0, 1.0, high_open=True)
+
+
+def ranged(default: Any, allowed: Range) -> Any:
+    """A dataclass field with ``default`` whose values (each item of a list) must lie in ``allowed``."""
+    return dataclasses.field(default=default, metadata={RANGE: allowed})
 
 
 def _is_real(value: Any) -> bool:
@@ -258,7 +301,7 @@ def _matches(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     if hint is float:
-        return _is_real(value) and math.isfinite(value) and abs(value) <= MAX_FLOAT_OPTION
+        return _is_real(value) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if origin in (tuple, list, collections.abc.Sequence):
@@ -283,7 +326,7 @@ def _describe(hint: Any) -> str:
         return "a callable"
     words = {
         type(None): "None", bool: "True or False", int: "an integer (not a bool)",
-        float: f"a finite number of magnitude at most {MAX_FLOAT_OPTION:g}",
+        float: "a finite number",
         str: "a string", os.PathLike: "a path",
     }
     return words.get(hint, getattr(hint, "__name__", str(hint)))
@@ -306,10 +349,11 @@ def _string_hint(name: str, value: Any, hint: Any) -> str:
 
 
 def check_option_types(options_class: type, values: Mapping[str, Any]) -> None:
-    """Refuse option values whose type does not match the field's declared type.
+    """Refuse option values whose type does not match the field's declared type, or that lie outside its :class:`Range`.
 
-    ``True`` is not an integer, ``'0.1'`` is not a number, ``nan`` is not a finite number.
-    Raises :class:`InvalidOptionError` naming the option, the value given and what is allowed.
+    ``True`` is not an integer, ``'0.1'`` is not a number, ``nan`` is not a finite number, ``lr=1e308`` is not a
+    learning rate. Raises :class:`InvalidOptionError` naming the option, the value given and what is allowed (for a
+    range: the range, and the fix).
     """
     hints = _field_hints(options_class)
     for name, value in values.items():
@@ -319,6 +363,37 @@ def check_option_types(options_class: type, values: Mapping[str, Any]) -> None:
                 f"option {name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})."
                 + _string_hint(name, value, hint)
             )
+        _check_range(options_class, name, value)
+
+
+def _mentions_float(hint: Any) -> bool:
+    return hint is float or any(_mentions_float(arg) for arg in typing.get_args(hint))
+
+
+@functools.lru_cache(maxsize=None)
+def _field_ranges(options_class: type) -> Dict[str, Range]:
+    """Each numeric field's :class:`Range`: declared with :func:`ranged`, else (a float field) ±:data:`MAX_FLOAT_OPTION`."""
+    hints = _field_hints(options_class)
+    ranges = {field.name: field.metadata.get(RANGE) for field in dataclasses.fields(options_class)}
+    return {name: found or _UNDECLARED_FLOAT for name, found in ranges.items() if found or _mentions_float(hints[name])}
+
+
+def _check_range(options_class: type, name: str, value: Any) -> None:
+    """Refuse a numeric ``value`` (or an item of a list) of option ``name`` outside its :class:`Range`, naming the
+    option, the value, the range and the fix."""
+    allowed = _field_ranges(options_class).get(name)
+    listed = isinstance(value, (tuple, list, np.ndarray))
+    numbers = [item for item in (value if listed else [value]) if _is_real(item)]
+    if allowed is None or all(number in allowed for number in numbers):
+        return
+    field = next(field for field in dataclasses.fields(options_class) if field.name == name)
+    shown = list(field.default) if isinstance(field.default, tuple) else field.default
+    default = "" if shown in (None, dataclasses.MISSING) else f" ({shown!r})"
+    described = allowed.describe(integer=not _mentions_float(_field_hints(options_class)[name]))
+    raise InvalidOptionError(
+        f"option {name} must be {described}{' (each value of the list)' if listed else ''}, got {value!r}: a fit cannot "
+        f"use values beyond that. Pass a value in that range, or leave {name} out for its default{default}."
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..metrics.functional import equal_width_bin_index
-from .base import Calibrator, check_fields, chunk_rows, require
+from .base import Calibrator, Range, check_fields, chunk_rows, ranged, require
 from .holdout import DEFAULT_FOLDS, select_by_cross_fitting, stratified_folds
 from .isotonic_ovr import one_vs_rest_isotonic_knots
 from .requirements import DataRequirements
@@ -52,6 +52,11 @@ _TIE_MARGIN = 1e-6
 DEFAULT_PRIOR_GRID = (1000.0, 300.0, 100.0, 30.0, 10.0, 3.0, 1.0)
 #: the most bins a histogram may have (its state is maps × bins float64 values, allocated before the data are seen)
 MAX_BINS = 10_000
+#: the bin counts a histogram (or a held-out ECE) may have
+BINS = Range(1, MAX_BINS)
+#: m, in pseudo-samples: at 10⁶ a map is temperature scaling's averaged per bin or block to within what a fit can tell
+#: (m = ∞ is a candidate of the default selection)
+PRIOR = Range(0.0, 1e6)
 #: the most knots an isotonic map keeps (its state is maps × knots × 2 float64 values)
 MAX_KNOTS = 2048
 #: what binning and isotonic regression need: errors to learn a confidence from, and rows to fill a few bins
@@ -122,24 +127,22 @@ class PriorOptions:
     """The prior options shared by histogram binning and isotonic regression (module docstring).
 
     Attributes:
-        prior: m, the prior's weight in pseudo-samples centred on temperature scaling's probability; 0 gives
+        prior: m, the prior's weight in pseudo-samples centred on temperature scaling's probability, in [0, 1e6]; 0 gives
             the classic unsmoothed fit (which can say 0 or 1). None (default) selects it by cross-fitted
             NLL among ∞ (temperature scaling averaged per bin) and ``prior_grid``.
-        prior_grid: candidate m values (default 1000, 300, 100, 30, 10, 3, 1), tried strongest first until
-            two in a row do not improve the cross-fitted NLL.
+        prior_grid: candidate m values, each in (0, 1e6] (default 1000, 300, 100, 30, 10, 3, 1), tried strongest first
+            until two in a row do not improve the cross-fitted NLL.
         folds: K of the stratified K-fold cross-fitting (default 5).
         seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
     """
 
-    prior: Optional[float] = None
-    prior_grid: Tuple[float, ...] = DEFAULT_PRIOR_GRID
+    prior: Optional[float] = ranged(None, PRIOR)
+    prior_grid: Tuple[float, ...] = ranged(DEFAULT_PRIOR_GRID, Range(0.0, PRIOR.high, low_open=True))
     folds: int = DEFAULT_FOLDS
     seed: int = 0
 
     def check_prior(self) -> None:
-        require(self.prior is None or self.prior >= 0, "prior", self.prior, "a finite number >= 0 or None")
-        require(len(self.prior_grid) > 0 and all(v > 0 for v in self.prior_grid), "prior_grid", self.prior_grid,
-                "a non-empty list of finite numbers > 0 (pass prior=0 for the unsmoothed fit)")
+        require(len(self.prior_grid) > 0, "prior_grid", self.prior_grid, "a non-empty list (pass prior=0 for the unsmoothed fit)")
         require(self.folds >= 2, "folds", self.folds, "an integer >= 2")
         self.prior_grid = tuple(sorted(dict.fromkeys(float(v) for v in self.prior_grid), reverse=True))
 
@@ -235,20 +238,19 @@ class HistogramBinning(Calibrator):
             mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
         """
 
-        n_bins: int = 15
+        n_bins: int = ranged(15, BINS)
         mode: str = "top_label"
 
         def __post_init__(self) -> None:
             check_fields(self)
-            require(1 <= self.n_bins <= MAX_BINS, "n_bins", self.n_bins, f"an integer from 1 to {MAX_BINS}")
             _check_mode(self.mode)
             self.check_prior()
 
     def __init__(self, num_classes: int, n_bins: int = 15, mode: str = "top_label") -> None:
         super().__init__(num_classes)
         self.mode = _check_mode(mode)
-        if not 1 <= n_bins <= MAX_BINS:
-            raise ValueError(f"n_bins must be an integer from 1 to {MAX_BINS}, got {n_bins}.")
+        if n_bins not in BINS:
+            raise ValueError(f"n_bins must be {BINS.describe(integer=True)}, got {n_bins}.")
         maps = 1 if mode == "top_label" else num_classes
         midpoints = (torch.arange(n_bins, dtype=torch.float64) + 0.5) / n_bins
         self.register_buffer("bin_values", midpoints.repeat(maps, 1))

@@ -27,9 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator, check_fields, require
+from .base import HELD_OUT_SHARE, LEARNING_RATE, Calibrator, Range, check_fields, ranged, require
 
 PREDICTIONS = ("sample", "mean")
+#: Z, the width of a head's last hidden layer: its hidden layers hold about (feature dim + Z) × 3Z weights, allocated
+#: before the first step (a Z of 10⁹ asked for 72 GB)
+LATENT_DIM = Range(1, 4096)
+#: M, the noise draws or masks a head averages at prediction time (each held for the whole fit)
+SAMPLES = Range(1, 100)
+#: Adam's weight decay: beyond 10 the decay outweighs any gradient the loss gives
+WEIGHT_DECAY = Range(0.0, 10.0)
 #: Default head schedule: the paper's 40 epochs, stretched to at least this many Adam steps (the
 #: authors' CIFAR-10 budget: 40 epochs × 157 batches of 256 ≈ 6,250 steps)
 DEFAULT_EPOCHS, MIN_DEFAULT_STEPS = 40, 6000
@@ -55,9 +62,9 @@ class HeadOptions:
             steps against 2,000 lowered the validation NLL in 6 of 6 TST/V-TST fits). When the best validation epoch is the
             last one, the fit summary says ``"still_improving": True`` (with a warning when
             the epochs were chosen by this default).
-        lr: Adam learning rate (default 1e-4, the TST paper's).
+        lr: Adam learning rate, in (0, 1] (default 1e-4, the TST paper's).
         head_batch_size: feature rows per Adam step (default 256, the authors' code's).
-        weight_decay: Adam weight decay (default 0).
+        weight_decay: Adam weight decay, in [0, 10] (default 0).
         patience: stop after this many epochs without a better validation NLL (default None:
             run every epoch; the best epoch is kept either way).
         temperature: after training, fit a temperature on the head's logits over
@@ -68,7 +75,7 @@ class HeadOptions:
             in 2–4 of 5 seeds per head on the CNN; ``benchmarks/results/defaults.md``). Pass
             ``temperature_data`` that neither trained nor validated the head.
         holdout_fraction: share of the training data held out for validation when no
-            ``validation_data`` is passed to ``fit`` (default 0.2).
+            ``validation_data`` is passed to ``fit``, in [0, 1) (default 0.2).
         feature_cache_dir: the folder for the features' memory-mapped file when they take more
             than the fit's ``spill_bytes`` (default None: the system's temporary folder); the file
             is removed from the folder as soon as it is mapped, so nothing is left there.
@@ -78,23 +85,20 @@ class HeadOptions:
     """
 
     epochs: Optional[int] = None
-    lr: float = 1e-4
+    lr: float = ranged(1e-4, LEARNING_RATE)
     head_batch_size: int = 256
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, WEIGHT_DECAY)
     patience: Optional[int] = None
     temperature: bool = False
-    holdout_fraction: float = 0.2
+    holdout_fraction: float = ranged(0.2, HELD_OUT_SHARE)
     feature_cache_dir: Optional[Union[str, os.PathLike]] = None
     classifier: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
         require(self.epochs is None or self.epochs >= 1, "epochs", self.epochs, "a positive integer or None")
-        require(self.lr > 0, "lr", self.lr, "a positive number")
         require(self.head_batch_size >= 1, "head_batch_size", self.head_batch_size, "a positive integer")
-        require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         require(self.patience is None or self.patience >= 1, "patience", self.patience, "a positive integer or None")
-        require(0 <= self.holdout_fraction < 1, "holdout_fraction", self.holdout_fraction, "a number in [0, 1)")
         if self.feature_cache_dir is not None:
             self.feature_cache_dir = os.fspath(self.feature_cache_dir)
 
@@ -189,15 +193,11 @@ class TwoStageHead(HeadCalibrator):
         """TST options (plus those of :class:`HeadOptions`).
 
         Attributes:
-            latent_dim: Z, the width of the last hidden layer (default 128; our default,
+            latent_dim: Z, the width of the last hidden layer, from 1 to 4096 (default 128; our default,
                 the paper tunes it per dataset).
         """
 
-        latent_dim: int = 128
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            require(self.latent_dim >= 1, "latent_dim", self.latent_dim, "a positive integer")
+        latent_dim: int = ranged(128, LATENT_DIM)
 
     def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128) -> None:
         super().__init__(num_classes, feature_dim)
@@ -272,20 +272,18 @@ class VariationalTwoStageHead(HeadCalibrator):
         """V-TST options (plus those of :class:`HeadOptions`).
 
         Attributes:
-            latent_dim: Z (default 128).
-            samples: M, Monte-Carlo samples averaged at prediction time (default 10).
+            latent_dim: Z, from 1 to 4096 (default 128).
+            samples: M, Monte-Carlo samples averaged at prediction time, from 1 to 100 (default 10).
             prediction: ``"sample"`` (default; average over the M stored noise draws) or
                 ``"mean"`` (deterministic, z = μ).
         """
 
-        latent_dim: int = 128
-        samples: int = 10
+        latent_dim: int = ranged(128, LATENT_DIM)
+        samples: int = ranged(10, SAMPLES)
         prediction: str = "sample"
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            require(self.latent_dim >= 1, "latent_dim", self.latent_dim, "a positive integer")
-            require(self.samples >= 1, "samples", self.samples, "a positive integer")
             require(self.prediction in PREDICTIONS, "prediction", self.prediction, f"one of {PREDICTIONS}")
 
     def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample",

@@ -14,7 +14,7 @@ the mean squared change (logits², per sample and class) from TS's calibrated lo
 itself is λ = ∞ (for Dirichlet softmax(β log p) = softmax(β z)). λ is chosen by K-fold
 cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`: stratified seeded folds, TS first,
 then λ from :data:`DEFAULT_L2_GRID`, strongest first, each fold warm-started from its previous
-candidate, the strongest within one standard error of the best), then refitted on all the data.
+candidate, the lowest cross-fitted NLL; a tie keeps the stronger), then refitted on all the data.
 A penalty of λ > 0 keeps every parameter finite. Vector scaling takes block-Newton steps
 (:mod:`.vector_newton`), matrix and Dirichlet L-BFGS (:mod:`.lbfgs`: a time warning before a
 long fit, a progress bar, Ctrl-C keeps the best state). None of these maps is guaranteed to
@@ -36,7 +36,7 @@ from torch import nn
 
 from .._warnings import warn_user
 from . import lbfgs
-from .base import Calibrator, check_fields, fit_context, require
+from .base import Calibrator, Range, check_fields, fit_context, ranged, require
 from .requirements import DataRequirements
 from .holdout import DEFAULT_FOLDS, Fold, select_by_cross_fitting, stratified_folds
 from .temperature import GUO_2017_CITATION, fit_inverse_temperature
@@ -46,6 +46,8 @@ from .vector_newton import SCALE_BOUNDS, fit_vector_scaling
 _FLOAT64_MAX_ELEMENTS = 1 << 24
 #: candidate λ after temperature scaling (λ = ∞), strongest first
 DEFAULT_L2_GRID = tuple(10.0**k for k in range(2, -5, -1))
+#: λ: at 10⁴ the map is temperature scaling's to within what a fit can tell (λ = ∞ is a candidate of the default selection)
+L2 = Range(0.0, 1e4)
 #: what the linear maps need: per-class parameters, and errors to learn a confidence from
 LINEAR_REQUIREMENTS = DataRequirements(rows=10, classes=2, errors=1, advised_rows=100, per_class=True)
 
@@ -62,10 +64,10 @@ class RegularisedOptions:
 
     Attributes:
         l2: λ, the weight of the mean squared change of the calibrated logits from temperature
-            scaling's (logits², per sample and class); 0 fits the map on the NLL alone (unbounded on
+            scaling's (logits², per sample and class), in [0, 1e4]; 0 fits the map on the NLL alone (unbounded on
             separable data). None (default) selects it by cross-fitted NLL among temperature scaling
             itself (λ = ∞) and ``l2_grid``.
-        l2_grid: candidate λ values (default 1e2, 1e1, …, 1e-4), tried strongest first until two in
+        l2_grid: candidate λ values, each in (0, 1e4] (default 1e2, 1e1, …, 1e-4), tried strongest first until two in
             a row do not improve the cross-fitted NLL.
         folds: K of the stratified K-fold cross-fitting (default 5; at most the number of samples).
         seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
@@ -74,17 +76,15 @@ class RegularisedOptions:
             optimum after 200 iterations and reaches it after 600–700).
     """
 
-    l2: Optional[float] = None
-    l2_grid: Tuple[float, ...] = DEFAULT_L2_GRID
+    l2: Optional[float] = ranged(None, L2)
+    l2_grid: Tuple[float, ...] = ranged(DEFAULT_L2_GRID, Range(0.0, L2.high, low_open=True))
     folds: int = DEFAULT_FOLDS
     seed: int = 0
     max_iter: int = 1000
 
     def __post_init__(self) -> None:
         check_fields(self)
-        require(self.l2 is None or self.l2 >= 0, "l2", self.l2, "a finite number >= 0 or None")
-        require(len(self.l2_grid) > 0 and all(v > 0 for v in self.l2_grid), "l2_grid", self.l2_grid,
-                "a non-empty list of finite numbers > 0 (pass l2=0 for the unregularised fit)")
+        require(len(self.l2_grid) > 0, "l2_grid", self.l2_grid, "a non-empty list (pass l2=0 for the unregularised fit)")
         require(self.folds >= 2, "folds", self.folds, "an integer >= 2")
         require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
         self.l2_grid = tuple(sorted(dict.fromkeys(float(v) for v in self.l2_grid), reverse=True))  # each λ once

@@ -23,11 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import require
-from .heads import HeadCalibrator, HeadOptions
+from .base import LEARNING_RATE, Range, ranged, require
+from .heads import SAMPLES, HeadCalibrator, HeadOptions
 
 #: salt of the seeded generator (the fit's ``seed`` and a salt make one generator) of the prediction masks' seed
 MASK_SEED_SALT = 0x3A5C
+#: r, the share of the classifier's weights a mask keeps: below 1 % nearly every mask keeps none (r = 1e-300 made the
+#: training loss NaN)
+RETENTION = Range(0.01, 1.0)
+#: η: r moves by at most η per epoch and is clipped to [min_retention, 1], so a larger gain only jumps between the ends
+CONTROLLER_GAIN = Range(0.0, 100.0)
 
 
 class _MaskedLinear(nn.Linear):
@@ -91,31 +96,28 @@ class MaskedClassifierHead(HeadCalibrator):
         """MaC-Cal options (plus those of :class:`HeadOptions`).
 
         Attributes:
-            lr: Adam learning rate (default 3e-3).
+            lr: Adam learning rate, in (0, 1] (default 3e-3).
             epochs: default 30.
-            initial_retention: r at the start (default 0.9).
-            min_retention: lower bound of r (default 0.3).
+            initial_retention: r at the start, in [min_retention, 1] (default 0.9).
+            min_retention: lower bound of r, in [0.01, 1] (default 0.3).
             controller_gain: η in r ← clip(r − η·(mean confidence − accuracy), min, 1) after each
-                epoch, measured on the validation split with the masked prediction (default 1.0).
-            samples: M, fixed masks averaged at prediction time (default 10).
+                epoch, measured on the validation split with the masked prediction, in [0, 100] (default 1.0).
+            samples: M, fixed masks averaged at prediction time, from 1 to 100 (default 10).
             init_from_base: start from the base classifier's weights (default True).
         """
 
-        lr: float = 3e-3
+        lr: float = ranged(3e-3, LEARNING_RATE)
         epochs: int = 30
-        initial_retention: float = 0.9
-        min_retention: float = 0.3
-        controller_gain: float = 1.0
-        samples: int = 10
+        initial_retention: float = ranged(0.9, RETENTION)
+        min_retention: float = ranged(0.3, RETENTION)
+        controller_gain: float = ranged(1.0, CONTROLLER_GAIN)
+        samples: int = ranged(10, SAMPLES)
         init_from_base: bool = True
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            require(0 < self.min_retention <= 1, "min_retention", self.min_retention, "a number in (0, 1]")
-            require(self.min_retention <= self.initial_retention <= 1, "initial_retention", self.initial_retention,
+            require(self.min_retention <= self.initial_retention, "initial_retention", self.initial_retention,
                     f"a number in [min_retention, 1] = [{self.min_retention}, 1]")
-            require(self.controller_gain >= 0, "controller_gain", self.controller_gain, "a number >= 0")
-            require(self.samples >= 1, "samples", self.samples, "a positive integer")
 
     def __init__(self, num_classes: int, feature_dim: int, samples: int = 10) -> None:
         super().__init__(num_classes, feature_dim)

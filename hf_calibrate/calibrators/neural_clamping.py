@@ -20,14 +20,15 @@ of every non-padding token, at every position.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Calibrator, InvalidOptionError, check_fields, require
+from .base import HELD_OUT_SHARE, LEARNING_RATE, Calibrator, InvalidOptionError, Range, check_fields, ranged, require
+from .binning import BINS
+from .temperature import BETA_BOUNDS
 
 DELTA_INITS = ("zero", "gradient", "random")
 SELECT_METRICS = ("nll", "ece", "ada_ece", "brier", "smooth_ece")
@@ -42,6 +43,16 @@ LBFGS_OPTIONS = ("max_iterations", "patience", "folds", "ridge", "refit")
 LBFGS_DEFAULTS = {"max_iterations": 12, "patience": 4, "ridge": 0.1, "refit": "average"}
 #: how the cross-fitted L-BFGS optimiser turns its fold runs into the fitted (δ, T)
 REFITS = ("average", "all")
+#: SGD momentum: 1 or more never forgets a step
+MOMENTUM = Range(0.0, 1.0, high_open=True)
+#: focal-loss γ: (1 − p)^γ of every sample the model does not get wholly right is 0 long before γ = 100
+GAMMA = Range(0.0, 100.0)
+#: λ on ‖δ‖₂ and the ridge ρ: at 10³ either holds δ at 0 (temperature scaling) whatever the data
+PENALTY = Range(0.0, 1e3)
+#: the standard deviation of a random start of δ, in the model's (normalised) input units
+DELTA_INIT_SCALE = Range(0.0, 10.0)
+#: T's starting point: temperature scaling's own bounds (beyond them the model is constant or a hard argmax)
+TEMPERATURE = Range(*BETA_BOUNDS)
 
 
 def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reduction: str = "mean") -> torch.Tensor:
@@ -56,14 +67,10 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, reducti
     return losses.sum() if reduction == "sum" else losses.mean()
 
 
-def _is_positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def _as_grid(value: Union[float, Sequence[float]], name: str) -> Tuple[float, ...]:
+    """A number or a list of numbers (each already checked against its range) as a non-empty tuple of floats."""
     values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    valid = bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in values)
-    require(valid, name, value, "a non-negative number or a non-empty list of them")
+    require(bool(values), name, value, "a number or a non-empty list of them")
     return tuple(float(v) for v in values)
 
 
@@ -119,8 +126,8 @@ class NeuralClamping(Calibrator):
             max_iterations: L-BFGS iterations at most per run (default None: 12).
             patience: the L-BFGS runs stop this many iterations after the best pooled held-out score (default None: 4).
             ridge: L-BFGS: ρ of the penalty (ρ/2)·(‖δ‖₂² + (log T − log T₀)²) that holds (δ, log T) near its start
-                (δ = 0, and T₀ = ``temperature_init``: the TS optimum of the run's rows by default), or a list to select from
-                on the held-out data (default None: 0.1). On up to 1,000 calibration rows the authors' recipe takes 100
+                (δ = 0, and T₀ = ``temperature_init``: the TS optimum of the run's rows by default), in [0, 1e3], or a list
+                to select from on the held-out data (default None: 0.1). On up to 1,000 calibration rows the authors' recipe takes 100
                 SGD steps (one batch per epoch; lr 0.01, momentum 0.9), a gradient flow of duration
                 τ ≈ 100 × 0.01 / (1 − 0.9) = 10 from its start, which regularises like a ridge of ρ ≈ 1/τ. Larger sets
                 take more steps there (100 per 1,000 rows), and 0.1 was not re-derived for them. Without the ridge
@@ -141,19 +148,19 @@ class NeuralClamping(Calibrator):
                 the interval rule threw away real gains: it fell back in most zoo seeds where δ beat
                 TS on the test half (``benchmarks/results/nc_time_to_quality.md``).
             epochs: SGD passes over the fitting part (default None: as many as give 500 SGD steps; at least 1).
-            lr: SGD learning rate (default None: 0.01).
-            momentum: SGD momentum (default None: 0.9).
-            gamma: focal-loss γ, or a list to select from on the held-out part (default 1.0).
-            delta_weight: λ on ‖δ‖₂, or a list to select from (default 0.01).
+            lr: SGD learning rate, in (0, 1] (default None: 0.01).
+            momentum: SGD momentum, in [0, 1) (default None: 0.9).
+            gamma: focal-loss γ, in [0, 100], or a list to select from on the held-out part (default 1.0).
+            delta_weight: λ on ‖δ‖₂, in [0, 1e3], or a list to select from (default 0.01).
             delta_init: ``"zero"`` (default; starts exactly at TS), ``"gradient"`` (the paper's
                 data-driven rule: the mean over the data of ∂ Σ_k f_k(x + δ)/T / ∂δ at δ = 0) or
                 ``"random"`` (N(0, delta_init_scale²), as in the authors' demo). On the zoo's
                 models ``"gradient"`` was no better than ``"zero"`` in paired 5-seed comparisons
                 (``benchmarks/results/defaults.md``).
-            delta_init_scale: standard deviation for ``delta_init="random"`` (default 0.001).
+            delta_init_scale: standard deviation for ``delta_init="random"``, in [0, 10] (default 0.001).
             temperature_init: T's starting point: ``"ts"`` (default; the TS optimum of the
-                fitting part, so that δ = 0 starts exactly at TS) or a positive number (the
-                authors' code starts at 1.0). T is optimised as log T either way.
+                fitting part, so that δ = 0 starts exactly at TS) or a number in [0.001, 1000], temperature
+                scaling's bounds (the authors' code starts at 1.0). T is optimised as log T either way.
             augment: image augmentation during the fit: False (default), True (random crop
                 with 1/8 padding, horizontal flip, cutout of 1/8 side — the reference's CIFAR
                 recipe), or a callable ``(pixel_values, generator) -> pixel_values``. The recipe
@@ -161,7 +168,7 @@ class NeuralClamping(Calibrator):
                 in every seed (flips change digits; ``benchmarks/results/defaults.md``).
             holdout_fraction: share of the calibration data held out, when a single part is held
                 out (SGD, or L-BFGS with one fold), to select the epoch or iteration, γ and λ, and to
-                fall back to TS (δ = 0) when δ does not help (default 0.2; 0 trains on everything
+                fall back to TS (δ = 0) when δ does not help, in [0, 1) (default 0.2; 0 trains on everything
                 and keeps the last epoch or iteration). With L-BFGS, a share other than the default
                 asks for that one held-out part instead of automatic folds.
             select_metric: held-out criterion, one of ``"nll"`` (default), ``"ece"``,
@@ -173,29 +180,29 @@ class NeuralClamping(Calibrator):
                 NLL than NLL in paired 5-seed comparisons (``benchmarks/results/defaults.md``).
             eval_every: SGD: evaluate on the held-out part every this many epochs (default None:
                 about 20 evaluations per run, and always after the last epoch).
-            n_bins: bins of the held-out ECE (default 15).
+            n_bins: bins of the held-out ECE, from 1 to 10000 (default 15).
         """
 
         optimizer: Optional[str] = None
         max_iterations: Optional[int] = None
         patience: Optional[int] = None
         folds: Optional[int] = None
-        ridge: Optional[Union[float, Sequence[float]]] = None
+        ridge: Optional[Union[float, Sequence[float]]] = ranged(None, PENALTY)
         refit: Optional[str] = None
         require_significant_gain: bool = False
         epochs: Optional[int] = None
-        lr: Optional[float] = None
-        momentum: Optional[float] = None
-        gamma: Union[float, Sequence[float]] = 1.0
-        delta_weight: Union[float, Sequence[float]] = 0.01
+        lr: Optional[float] = ranged(None, LEARNING_RATE)
+        momentum: Optional[float] = ranged(None, MOMENTUM)
+        gamma: Union[float, Sequence[float]] = ranged(1.0, GAMMA)
+        delta_weight: Union[float, Sequence[float]] = ranged(0.01, PENALTY)
         delta_init: str = "zero"
-        delta_init_scale: float = 0.001
-        temperature_init: Union[str, float] = "ts"
+        delta_init_scale: float = ranged(0.001, DELTA_INIT_SCALE)
+        temperature_init: Union[str, float] = ranged("ts", TEMPERATURE)
         augment: Union[bool, Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = False
-        holdout_fraction: float = 0.2
+        holdout_fraction: float = ranged(0.2, HELD_OUT_SHARE)
         select_metric: str = "nll"
         eval_every: Optional[int] = None
-        n_bins: int = 15
+        n_bins: int = ranged(15, BINS)
 
         def __post_init__(self) -> None:
             check_fields(self)
@@ -204,20 +211,15 @@ class NeuralClamping(Calibrator):
             self._resolve_optimizer()
             self.ridge = None if self.ridge is None else _as_grid(self.ridge, "ridge")
             require(self.epochs is None or self.epochs >= 1, "epochs", self.epochs, "a positive integer or None")
-            require(self.lr is None or self.lr > 0, "lr", self.lr, "a positive number")
-            require(self.momentum is None or 0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
             require(self.max_iterations is None or self.max_iterations >= 1, "max_iterations", self.max_iterations, "a positive integer")
             require(self.patience is None or self.patience >= 1, "patience", self.patience, "a positive integer")
             require(self.folds is None or self.folds >= 1, "folds", self.folds, "a positive integer or None")
             require(self.refit is None or self.refit in REFITS, "refit", self.refit, f"one of {list(REFITS)} or None")
             require(self.delta_init in DELTA_INITS, "delta_init", self.delta_init, f"one of {list(DELTA_INITS)}")
-            require(0 <= self.holdout_fraction < 1, "holdout_fraction", self.holdout_fraction, "in [0, 1)")
             require(self.select_metric in SELECT_METRICS, "select_metric", self.select_metric, f"one of {list(SELECT_METRICS)}")
             require(self.eval_every is None or self.eval_every >= 1, "eval_every", self.eval_every, "a positive integer or None")
-            require(self.n_bins >= 1, "n_bins", self.n_bins, "a positive integer")
-            require(self.delta_init_scale >= 0, "delta_init_scale", self.delta_init_scale, "a non-negative number")
-            require(isinstance(self.temperature_init, str) and self.temperature_init == "ts" or _is_positive_number(self.temperature_init), "temperature_init",
-                    self.temperature_init, '"ts" or a positive number')
+            require(self.temperature_init == "ts" or not isinstance(self.temperature_init, str), "temperature_init",
+                    self.temperature_init, f'"ts" or {TEMPERATURE.describe(integer=False)}')
 
         def _resolve_optimizer(self) -> None:
             """``optimizer=None`` → ``"sgd"`` when an SGD option is set, else ``"lbfgs"``; options of both optimisers, or of

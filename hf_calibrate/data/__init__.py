@@ -47,25 +47,31 @@ def prepare_data(
     label_column: Optional[str] = None,
     max_length: Optional[int] = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    role: str = "data",
 ) -> CalibrationData:
     """``data`` as map-style :class:`PreparedData` (batched by index) or a :class:`StreamedData` (read in order);
-    data known to hold no sample are refused (a stream is refused when its first read gives nothing)."""
+    data known to hold no sample are refused (a stream is refused when its first read gives nothing).
+
+    ``role`` names the data in messages: ``"calibration data"``, ``"validation data"``, ``"evaluation data"``, ... (default
+    ``"data"``).
+    """
     if _sized_and_empty(data):
-        raise ValueError(empty_data_message(data))
+        raise ValueError(empty_data_message(data, role))
     options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
-    prepared = _prepared(data, backbone, options, cache_bytes)
-    prepared.token_vocabulary = backbone.token_vocabulary()  # token ids are checked against it as batches are read
+    prepared = _prepared(data, backbone, options, cache_bytes, role)
+    prepared.token_vocabularies = backbone.token_vocabularies()  # token ids are checked against them as batches are read
+    prepared.role = role
     return prepared
 
 
-def _prepared(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> CalibrationData:
+def _prepared(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int, role: str) -> CalibrationData:
     """:func:`prepare_data`'s form of ``data``: map-style or a stream."""
     label_column = options.label_column
     if _is_hf_dataset(data):
         return datasets_rows(data, backbone, options, cache_bytes)
     source = source_of(data, label_column)
     if source is not None:
-        return streamed_data(data, source, backbone, options, cache_bytes)
+        return streamed_data(data, source, backbone, options, cache_bytes, role)
     if isinstance(data, DataLoader):
         return loader_samples(data, backbone)
     if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, (dict, str, bytes)):

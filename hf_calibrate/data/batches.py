@@ -8,12 +8,13 @@ model's own inputs are passed on (a ``text`` or ``idx`` column of pre-tokenized 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data._utils.collate import default_collate
 
 from ..backbones import Backbone, Inputs
+from ..metrics._checks import describe_positions
 from .labels import label_tensor
 
 LABEL_KEYS = ("labels", "label")
@@ -21,8 +22,13 @@ LABEL_KEYS = ("labels", "label")
 Batch = Tuple[Inputs, torch.Tensor]
 
 
-def split_batch(batch: Any, backbone: Backbone) -> Batch:
-    """Turn one collated batch into (inputs dict, labels); clear errors for other shapes."""
+def split_batch(batch: Any, backbone: Backbone, user_batch: Optional[int] = None) -> Batch:
+    """Turn one collated batch into (inputs dict, labels); clear errors for other shapes.
+
+    ``user_batch``: the samples in one of the user's batches when their data come in batches (the batch itself, or a
+    ``DataLoader``'s ``batch_size`` when the fit batches its samples anew), so that a label error speaks of the batches
+    the user made, not of those the fit made; None when the user's data are single samples.
+    """
     if isinstance(batch, Mapping):
         inputs, labels = _split_mapping(batch, backbone)
     elif isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -35,7 +41,7 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
         )
     labels = label_tensor(labels, backbone)
     if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(f"labels must be one integer class index per sample, but {_labels_described(labels)}.")
+        raise ValueError(f"labels must be one integer class index per sample, but {_labels_described(labels, user_batch)}.")
     for key, value in inputs.items():
         if isinstance(value, torch.Tensor) and value.ndim >= 1 and len(value) != len(labels):
             raise ValueError(
@@ -45,14 +51,19 @@ def split_batch(batch: Any, backbone: Backbone) -> Batch:
     return dict(inputs), labels.long()
 
 
-def _labels_described(labels: torch.Tensor) -> str:
-    """What is wrong with ``labels``, said per sample (the batch may be one the fit made, not the user's)."""
+def _labels_described(labels: torch.Tensor, user_batch: Optional[int]) -> str:
+    """What is wrong with ``labels``: in the user's batches of ``user_batch`` samples (the batch checked may be one the
+    fit made of their samples), and per sample."""
     if labels.ndim == 0:
         return f"a batch holds a single {labels.dtype} label (a 0-d tensor); give one label per sample"
     per_sample = "a scalar" if labels.ndim == 1 else f"a tensor of shape {tuple(labels.shape[1:])}"
     fix = "cast them to integer class indices (e.g. labels.long())" if labels.ndim == 1 else (
         "give one class index per sample (e.g. labels.argmax(-1) of one-hot rows, or labels.squeeze(-1))")
-    return f"each sample's label is {per_sample} of dtype {labels.dtype}; {fix}"
+    if user_batch is None:
+        return f"each sample's label is {per_sample} of dtype {labels.dtype}; {fix}"
+    shape = (user_batch, *labels.shape[1:])
+    return (f"a batch of {user_batch} samples of the data holds labels of shape {shape} and dtype {labels.dtype} (each "
+            f"sample's label is {per_sample}; one class index per sample is shape ({user_batch},), an integer dtype); {fix}")
 
 
 def _split_mapping(batch: Mapping, backbone: Backbone) -> Tuple[Dict[str, Any], Any]:
@@ -73,6 +84,16 @@ def _split_mapping(batch: Mapping, backbone: Backbone) -> Tuple[Dict[str, Any], 
             f"takes {backbone.input_key!r}; rename the input column to {backbone.input_key!r}."
         )
     return {backbone.input_key: inputs[tensors[0]]}, batch[label_key]
+
+
+def in_batches(positions: Sequence[int], batch_and_row: Callable[[int], Tuple[int, int]]) -> str:
+    """``"77 (batch 1, row 27, counted from 0)"``, or ``"77, 120 (in batches 1, 2, counted from 0)"``: sample positions
+    in the user's data with the user's batches that hold them (``batch_and_row(position)``: its batch and its row there)."""
+    if len(positions) == 1:
+        batch, row = batch_and_row(positions[0])
+        return f"{positions[0]} (batch {batch}, row {row}, counted from 0)"
+    batches = sorted({batch_and_row(position)[0] for position in positions})
+    return f"{describe_positions(positions)} (in batch{'es' if len(batches) > 1 else ''} {describe_positions(batches)}, counted from 0)"
 
 
 def pad_token_id(backbone: Backbone) -> int:

@@ -8,15 +8,16 @@ rows become model inputs through :mod:`hf_calibrate.data.rows`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
 from ..backbones import Backbone, Inputs
-from .batches import Batch, collate_rows, pad_token_id, sample_collate, split_batch, tensor_bytes
+from ..metrics._checks import describe_positions
+from .batches import Batch, collate_rows, in_batches, pad_token_id, sample_collate, split_batch, tensor_bytes
 from .labels import align_labels, data_class_names
 from .rows import RowOptions, label_column, raw_row_converter, row_converter
 
@@ -26,7 +27,12 @@ DEFAULT_CACHE_BYTES = 2 << 30
 
 @dataclass
 class PreparedData:
-    """Indexable calibration data: ``dataset[i]`` is one item, ``collate(items)`` one batch."""
+    """Indexable calibration data: ``dataset[i]`` is one item, ``collate(items)`` one batch.
+
+    ``role`` names the data in messages (``"calibration data"``, ``"evaluation data"``, ...); ``user_batch`` is set when
+    the user's ``DataLoader`` hands the samples over in order, in batches of that many, so that a message can name the
+    user's batch of a sample (the fit makes batches of its own).
+    """
 
     dataset: Any
     collate: Callable[[List[Any]], Batch]
@@ -35,11 +41,19 @@ class PreparedData:
     split: Optional[str] = None
     preprocessed_here: bool = False  # the library turned raw images or texts into inputs (else: the user did)
     shuffle_block: Optional[int] = None  # shuffled batches permute all the samples at once (streams: within blocks)
-    token_vocabulary: Optional[Tuple[str, int]] = None  # (token id input, vocabulary size) of a model of token ids
+    token_vocabularies: Dict[str, int] = field(default_factory=dict)  # token id input → the ids the model embeds for it
     class_names: Optional[List[str]] = None  # the data's class names by index, when the model records none
+    role: str = "data"
+    user_batch: Optional[int] = None
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def describe_samples(self, positions: Sequence[int]) -> str:
+        """The samples at ``positions`` (dataset indices) for a message, with the user's batches when they are known."""
+        if self.user_batch is None:
+            return describe_positions(positions)
+        return in_batches(positions, lambda position: divmod(position, self.user_batch))
 
     def first_inputs(self) -> Inputs:
         """The model inputs of the first sample, as a batch of one."""
@@ -110,7 +124,10 @@ def loader_samples(loader: DataLoader, backbone: Backbone) -> PreparedData:
     if loader.batch_size is None and loader.batch_sampler is None:  # its collate_fn only converts single samples
         return PreparedData(loader.dataset, sample_collate(backbone), description)
     collate = loader.collate_fn or default_collate
-    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone), description)
+    size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)  # the user's batches, for messages
+    in_order = loader.batch_size is not None and isinstance(loader.sampler, SequentialSampler) and not loader.drop_last
+    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone, size), description,
+                        user_batch=size if in_order else None)
 
 
 def map_style_samples(data: Any, backbone: Backbone, options: RowOptions, cache_bytes: int) -> PreparedData:

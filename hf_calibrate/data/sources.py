@@ -20,6 +20,7 @@ returns a new iterator) or one-shot (a generator): a one-shot source can be read
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
@@ -250,7 +251,7 @@ def source_of(data: Any, label_column: Optional[str] = None) -> Optional[UnitSou
     if callable(data) and not isinstance(data, type):
         return _callable_source(data, label_column)
     if is_one_shot(data):
-        return _one_shot_source(lambda: data, data, label_column)
+        return _one_shot_source(lambda: data, label_column)
     if isinstance(data, Iterable):
         return _iterable_source(lambda: iter(data), data, label_column)
     return None
@@ -260,7 +261,7 @@ def _loader_source(loader: DataLoader, label_column: Optional[str]) -> Optional[
     """A loader over an iterable dataset, or one that hands over its dataset's items as they are, when they are batches."""
     if isinstance(loader.dataset, IterableDataset):
         if is_one_shot(loader.dataset):  # every pass of the loader would take up the one iterator the dataset is
-            return _one_shot_source(lambda: iter(loader), loader, label_column)
+            return _one_shot_source(lambda: iter(loader), label_column)
         return _iterable_source(lambda: iter(loader), loader, label_column)
     if loader.batch_size is not None or loader.batch_sampler is not None or not len(loader.dataset):
         return None
@@ -281,7 +282,7 @@ def _callable_source(make_iterator: Callable[[], Iterator[Any]], label_column: O
     if not isinstance(first, Iterator):
         return _iterable_source(lambda: iter(make_iterator()), make_iterator, label_column)
     if make_iterator() is first:
-        return _one_shot_source(lambda: first, make_iterator, label_column)
+        return _one_shot_source(lambda: first, label_column)
     return _iterable_source(make_iterator, make_iterator, label_column)
 
 
@@ -297,9 +298,13 @@ def _refuse_pre_split(data: Any) -> None:
         )
 
 
-def empty_data_message(data: Any) -> str:
-    """What to say of data (a fit's or an evaluation's) that hold no sample."""
-    return f"the data ({type(data).__name__}) hold no samples: at least one labelled sample is needed; pass non-empty data."
+def empty_data_message(data: Any, role: str, *, one_shot: bool = False) -> str:
+    """What to say of data that hold no sample, named by their ``role`` (``"calibration data"``, ``"evaluation data"``, ...);
+    ``one_shot``: the data give one iterator only, which an earlier call may have read."""
+    if one_shot:
+        return (f"the {role} ({type(data).__name__}) yielded nothing: they are empty, or a one-shot iterator that an earlier "
+                "call already read. Pass a callable that returns a new iterator, or a re-iterable.")
+    return f"the {role} ({type(data).__name__}) hold no samples: at least one labelled sample is needed; pass non-empty data."
 
 
 def _indexable(dataset: Any) -> bool:
@@ -307,11 +312,12 @@ def _indexable(dataset: Any) -> bool:
 
 
 def _iterable_source(make_iterator: Callable[[], Iterator[Any]], probe: Any, label_column: Optional[str]) -> IterableUnits:
-    """A re-iterable source whose units are batches or sample chunks, as its first element shows."""
+    """A re-iterable source whose units are batches or sample chunks, as its first element shows (an empty one has no
+    first element: its reader says so, naming the data's role)."""
     try:
         first = next(iter(make_iterator()))
     except StopIteration:
-        raise ValueError(empty_data_message(probe)) from None
+        return IterableUnits(make_iterator, reiterable=True, of_samples=False)
     except TypeError as error:
         raise TypeError(f"calling the data ({type(probe).__name__}) did not give an iterator: {error}") from None
     source = IterableUnits(make_iterator, reiterable=True, of_samples=not is_batch(first, label_column))
@@ -319,17 +325,13 @@ def _iterable_source(make_iterator: Callable[[], Iterator[Any]], probe: Any, lab
     return source
 
 
-def _one_shot_source(get_iterator: Callable[[], Iterator[Any]], data: Any, label_column: Optional[str]) -> IterableUnits:
-    """The source of data that give one iterator only; its first element is read now (and handed back at the one pass)."""
+def _one_shot_source(get_iterator: Callable[[], Iterator[Any]], label_column: Optional[str]) -> IterableUnits:
+    """The source of data that give one iterator only; its first element is read now (and handed back at the one pass;
+    when there is none, its reader says so, naming the data's role)."""
     iterator = get_iterator()
     source = IterableUnits(lambda: iterator, reiterable=False, of_samples=False)
-    try:
+    with contextlib.suppress(StopIteration):
         source.of_samples = not is_batch(source.first(), label_column)
-    except StopIteration:
-        raise ValueError(
-            f"the data ({type(data).__name__}) yielded nothing: they are empty, or a one-shot iterator that an "
-            "earlier call already read. Pass a callable that returns a new iterator, or a re-iterable."
-        ) from None
     return source
 
 

@@ -24,7 +24,8 @@ import torch
 
 from .. import _distributed
 from ..backbones import Inputs
-from .batches import Batch, BatchBuilder, tensor_bytes
+from ..metrics._checks import describe_positions
+from .batches import Batch, BatchBuilder, in_batches, tensor_bytes
 from .mapped import DEFAULT_CACHE_BYTES
 from .sources import UnitSource
 
@@ -59,6 +60,11 @@ class StreamIndex:
         starts = torch.cumsum(sizes_sorted, 0) - sizes_sorted
         return cls(keys_sorted, starts, sizes_sorted, owners[order], int(sizes_sorted.sum()))
 
+    def unit_and_row(self, index: int) -> Tuple[int, int]:
+        """The key of the unit holding the dataset ``index``, and the sample's row in it."""
+        unit = int(torch.searchsorted(self.starts, torch.tensor(index), right=True)) - 1
+        return int(self.keys[unit]), index - int(self.starts[unit])
+
     def start_of(self, key: int) -> int:
         """The dataset index of the first sample of the unit ``key``."""
         return int(self.starts[int(torch.searchsorted(self.keys, torch.tensor(key)))])
@@ -74,13 +80,13 @@ class StreamedData:
 
     Attributes:
         source: the units (:mod:`hf_calibrate.streams.sources`).
-        description, name, split, preprocessed_here: as for :class:`hf_calibrate.data.PreparedData`.
+        description, name, split, preprocessed_here, role: as for :class:`hf_calibrate.data.PreparedData`.
         class_names: always None (a stream does not carry class names; :class:`hf_calibrate.data.PreparedData` may).
         pad_id: the token id sequences are padded with when batches are joined.
         index: the :class:`StreamIndex`, set by the first pass.
         shuffle_block: shuffled plans permute within blocks of this many samples (None: all of
             them at once, as for map-style data); set by the first pass.
-        token_vocabulary: as for :class:`hf_calibrate.data.PreparedData`.
+        token_vocabularies: as for :class:`hf_calibrate.data.PreparedData`.
     """
 
     def __init__(self, source: UnitSource, to_batch: Callable[[Any], Batch], description: str, *, name: Optional[str] = None, split: Optional[str] = None,
@@ -90,8 +96,9 @@ class StreamedData:
         self.cache_bytes = cache_bytes
         self.index: Optional[StreamIndex] = None
         self.shuffle_block: Optional[int] = None
-        self.token_vocabulary: Optional[Tuple[str, int]] = None
+        self.token_vocabularies: Dict[str, int] = {}
         self.class_names: Optional[List[str]] = None  # streams do not carry class names (PreparedData's do)
+        self.role = "data"
         self._fingerprints: Dict[int, Tuple[int, float]] = {}
         self._kept: Optional[Dict[int, Batch]] = None
 
@@ -103,6 +110,13 @@ class StreamedData:
         if self.index is None:
             raise RuntimeError("a stream's length is known only after its first pass (Engine.scan).")
         return self.index.count
+
+    def describe_samples(self, positions: Sequence[int]) -> str:
+        """The samples at ``positions`` (dataset indices) for a message, with the user's batches when the stream hands
+        over batches (its units; a stream of single samples is read in units of the fit's own, not named)."""
+        if self.source.of_samples or self.index is None:
+            return describe_positions(positions)
+        return in_batches(positions, self.index.unit_and_row)
 
     def first_inputs(self) -> Inputs:
         """The model inputs of the stream's first sample, as a batch of one."""

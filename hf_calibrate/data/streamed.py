@@ -9,16 +9,18 @@ from ..backbones import Backbone
 from .batches import Batch, collate_rows, pad_token_id, relabelled, sample_collate, split_batch
 from .labels import class_label_mapping, model_label_names
 from .rows import RowOptions, label_column, raw_row_converter, row_converter
-from .sources import HFIterableRows, IterableUnits, LoaderOfBatches, SequenceOfBatches, UnitSource, empty_data_message
+from .sources import HFIterableRows, IterableUnits, LoaderOfBatches, SequenceOfBatches, UnitSource, empty_data_message, labels_of
 from .stream import StreamedData
 
 
-def streamed_data(data: Any, source: UnitSource, backbone: Backbone, options: RowOptions, cache_bytes: int) -> StreamedData:
-    """``data`` (whose units ``source`` reads) as a stream of batches for ``backbone``; empty data are refused."""
+def streamed_data(data: Any, source: UnitSource, backbone: Backbone, options: RowOptions, cache_bytes: int,
+                  role: str) -> StreamedData:
+    """``data`` (whose units ``source`` reads) as a stream of batches for ``backbone``; empty data are refused, named by
+    their ``role``."""
     try:
         source.first()
     except StopIteration:
-        raise ValueError(empty_data_message(data)) from None
+        raise ValueError(empty_data_message(data, role, one_shot=not source.reiterable)) from None
     pad_id = pad_token_id(backbone)
 
     def collate(rows: List[dict]) -> Batch:
@@ -90,7 +92,8 @@ class _BatchToBatch:
         batch = self._renamed(batch)
         if self.raw is not None:
             return self.collate([self.raw(row) for row in _rows(batch)])
-        return split_batch(batch, self.backbone)
+        labels = labels_of(batch)
+        return split_batch(batch, self.backbone, len(labels) if getattr(labels, "ndim", 1) and hasattr(labels, "__len__") else None)
 
 
 def _rows(batch: dict) -> List[dict]:

@@ -190,8 +190,9 @@ def fit_calibration(
     refuse_unread_data(method, data_sources)
     with frozen(model):
         model.to(engine.device)
-        prepare = lambda source: None if source is None else prepare_data(source, backbone, **engine_settings.data_options())  # noqa: E731
-        data = prepare(calibration_data)
+        prepare = lambda source, role: None if source is None else prepare_data(  # noqa: E731
+            source, backbone, role=role, **engine_settings.data_options())
+        data = prepare(calibration_data, "calibration data")
         engine.kept_logits = KeptLogits(data) if keep_logits else None
         contract = input_contract(backbone, data, engine)
         if method == AUTO:
@@ -199,7 +200,7 @@ def fit_calibration(
         else:
             calibrator, summary = fit_calibrator(
                 backbone, data, method, method_options, engine,
-                validation=prepare(validation_data), temperature_data=prepare(temperature_data),
+                validation=prepare(validation_data, "validation data"), temperature_data=prepare(temperature_data, "temperature data"),
             )
     kept = engine.kept_logits.take() if keep_logits else None
     calibrator.is_fitted = True

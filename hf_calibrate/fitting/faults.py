@@ -33,6 +33,7 @@ class _Fault:
     error: Type[ValueError]
     message: str  # may hold SAMPLES
     positions: List[int]
+    describe: Callable[[Sequence[int]], str]  # the positions in words (the data's: with the user's batches)
 
 
 class FaultLedger:
@@ -41,10 +42,12 @@ class FaultLedger:
     def __init__(self) -> None:
         self._fault: Optional[_Fault] = None
 
-    def note(self, error: Type[ValueError], message: str, positions: Sequence[int] = ()) -> None:
-        """Remember a fault; later faults with the same message add their positions, others are dropped."""
+    def note(self, error: Type[ValueError], message: str, positions: Sequence[int] = (),
+             describe: Callable[[Sequence[int]], str] = describe_positions) -> None:
+        """Remember a fault; later faults with the same message add their positions, others are dropped.
+        ``describe`` puts the positions in words (:meth:`~hf_calibrate.data.PreparedData.describe_samples`)."""
         if self._fault is None:
-            self._fault = _Fault(error, message, [])
+            self._fault = _Fault(error, message, [], describe)
         if self._fault.message == message:
             self._fault.positions.extend(int(p) for p in positions)
 
@@ -68,13 +71,14 @@ class FaultLedger:
         positions = _distributed.all_gather_parts(held)
         first = next(rank for rank, value in enumerate(codes) if value)
         samples = sorted({int(p) for rank, part in enumerate(positions) if messages[rank] == messages[first] for p in part})
-        raise ERRORS[codes[first] - 1](messages[first].replace(SAMPLES, describe_positions(samples)))
+        words = fault.describe(samples) if _distributed.rank() == first else ""  # the first faulty process's words, for all
+        raise ERRORS[codes[first] - 1](messages[first].replace(SAMPLES, _distributed.all_gather_text(words, device)[first]))
 
     def raise_local(self) -> None:
         """Raise a fault that no synchronisation point raised (a loop that never called :meth:`raise_agreed`)."""
         fault, self._fault = self._fault, None
         if fault is not None:
-            raise fault.error(fault.message.replace(SAMPLES, describe_positions(sorted(set(fault.positions)))))
+            raise fault.error(fault.message.replace(SAMPLES, fault.describe(sorted(set(fault.positions)))))
 
 
 def neutralise(values: torch.Tensor) -> torch.Tensor:
@@ -83,8 +87,8 @@ def neutralise(values: torch.Tensor) -> torch.Tensor:
 
 
 def note_bad_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, positions: Sequence[int]) -> Inputs:
-    """Note floating inputs holding NaN or ±inf, and token ids outside the model's vocabulary
-    (``data.token_vocabulary``); return the inputs neutralised, so that the batch runs to its synchronisation point.
+    """Note floating inputs holding NaN or ±inf, and token ids outside the model's vocabulary or token types
+    (``data.token_vocabularies``); return the inputs neutralised, so that the batch runs to its synchronisation point.
 
     ``positions`` are the dataset indices of the micro-batch's rows.
     """
@@ -92,42 +96,40 @@ def note_bad_inputs(ledger: FaultLedger, data: CalibrationData, inputs: Inputs, 
     for key, value in inputs.items():
         rows = nonfinite_rows(value) if isinstance(value, torch.Tensor) else []
         if rows:
-            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key), [positions[row] for row in rows])
+            ledger.note(NonFiniteError, nonfinite_inputs_message(data, key), [positions[row] for row in rows], data.describe_samples)
             checked[key] = neutralise(value)
-    if data.token_vocabulary is not None:
-        key, vocabulary = data.token_vocabulary
+    for key, vocabulary in data.token_vocabularies.items():
         ids = checked.get(key)
         outside = (ids < 0) | (ids >= vocabulary) if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
         rows = outside.flatten(1).any(1).nonzero().flatten().tolist() if outside is not None and outside.ndim >= 2 else []
         if rows:
-            ledger.note(ValueError, _token_ids_message(data, key, vocabulary), [positions[row] for row in rows])
+            ledger.note(ValueError, _token_ids_message(data, key, vocabulary), [positions[row] for row in rows], data.describe_samples)
             checked[key] = ids.masked_fill(outside, 0)
     return checked
 
 
-#: where bad samples are: their positions in the user's data (never the fit's own batches, which the user never saw)
-_WHERE = "positions in that data, counted from 0 in the order the data give them"
+def _where(data: CalibrationData) -> str:
+    """The data bad samples are in, and how they are counted: their positions in the user's data (and the user's
+    batches, when the data come in batches), never the fit's own batches, which the user never saw."""
+    return f"the {data.role}, {data.description} (positions in that data, counted from 0 in the order the data give them)"
 
 
 def nonfinite_inputs_message(data: CalibrationData, key: str) -> str:
     return (
-        f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {data.description} "
-        f"({_WHERE}). Calibrating or evaluating on them would give wrong "
-        "confidences; remove or impute these samples (or fix the preprocessing that produced them)."
+        f"input {key!r} holds NaN or infinite values in sample(s) {SAMPLES} of {_where(data)}. Calibrating or evaluating "
+        "on them would give wrong confidences; remove or impute these samples (or fix the preprocessing that produced them)."
     )
 
 
 def _token_ids_message(data: CalibrationData, key: str, vocabulary: int) -> str:
-    return (f"input {key!r} holds token ids in sample(s) {SAMPLES} of {data.description} ({_WHERE}) "
-            f"{outside_vocabulary(vocabulary)}")
+    return f"input {key!r} holds token ids in sample(s) {SAMPLES} of {_where(data)} {outside_vocabulary(key, vocabulary)}"
 
 
 def nonfinite_outputs_message(data: CalibrationData, what: str) -> str:
     source = "the calibrated model" if what.startswith("calibrated") else "the base model"
     return (
-        f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {data.description} "
-        f"({_WHERE}), although their inputs are finite. "
-        "Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
+        f"{source} returned NaN or infinite {what} for sample(s) {SAMPLES} of {_where(data)}, although their inputs are "
+        "finite. Remove these samples, or fix the model (under mixed precision, try mixed_precision='no')."
     )
 
 
@@ -138,7 +140,7 @@ def check_finite_outputs(data: CalibrationData, rows: torch.Tensor, positions: t
     """
     bad = nonfinite_rows(rows)
     if bad:
-        samples = describe_positions(positions.cpu()[bad].tolist())
+        samples = data.describe_samples(positions.cpu()[bad].tolist())
         raise NonFiniteError(nonfinite_outputs_message(data, what).replace(SAMPLES, samples))
 
 
@@ -146,5 +148,5 @@ def note_nonfinite_outputs(ledger: FaultLedger, data: CalibrationData, rows: tor
     """Note one process's model outputs holding NaN or ±inf; True when there were some."""
     bad = nonfinite_rows(rows)
     if bad:
-        ledger.note(NonFiniteError, nonfinite_outputs_message(data, what), [positions[row] for row in bad])
+        ledger.note(NonFiniteError, nonfinite_outputs_message(data, what), [positions[row] for row in bad], data.describe_samples)
     return bool(bad)

@@ -93,9 +93,15 @@ def softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=1)
 
 
+#: the most bins a binned metric takes (as the binning calibrators): its tables are allocated per bin
+MAX_METRIC_BINS = 10_000
+
+
 def check_n_bins(n_bins: Any) -> int:
-    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}.")
+    """An integer from 1 to :data:`MAX_METRIC_BINS`, checked before any per-bin table is allocated."""
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or not 1 <= n_bins <= MAX_METRIC_BINS:
+        raise ValueError(f"n_bins must be an integer from 1 to {MAX_METRIC_BINS:,}, got {n_bins!r}: pass e.g. n_bins=15 "
+                         "(the default).")
     return int(n_bins)
 
 

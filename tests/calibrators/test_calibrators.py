@@ -344,9 +344,9 @@ def test_a_long_fit_is_announced_with_its_bound(monkeypatch):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(l2=-1.0), "l2 must be a finite number >= 0"),
+        (dict(l2=-1.0), r"l2 must be a non-negative number in \[0, 10000\], got -1.0"),
         (dict(l2_grid=()), "l2_grid must be a non-empty"),
-        (dict(l2_grid=(0.0, 1.0)), "pass l2=0 for the unregularised fit"),
+        (dict(l2_grid=(0.0, 1.0)), r"l2_grid must be a positive number in \(0, 10000\] \(each value of the list\)"),
         (dict(folds=1), "folds must be an integer >= 2"),
     ],
 )
@@ -529,19 +529,9 @@ def test_unknown_methods_and_options_are_named():
     with pytest.raises(ValueError, match="mode must be one of"):
         HistogramBinning(3, mode="per_class")
     assert set(CALIBRATORS) == {
-        "temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "neural_clamping", "tst", "vtst", "mac_cal",
+        "temperature", "vector", "matrix", "dirichlet", "structured_vector", "histogram", "isotonic", "neural_clamping", "tst",
+        "vtst", "mac_cal",
     }
-
-
-def test_every_float_option_is_bounded_where_options_are_checked():
-    """The shared check bounds every float option (any method's, through its declared type) by what a fit can use;
-    the bound itself is accepted, the next float above it is not."""
-    from hf_calibrate.calibrators.base import MAX_FLOAT_OPTION, check_option_types
-
-    check_option_types(NeuralClamping.Options, {"lr": MAX_FLOAT_OPTION, "gamma": [MAX_FLOAT_OPTION]})
-    for name, value in (("lr", 1e308), ("lr", np.nextafter(MAX_FLOAT_OPTION, np.inf)), ("gamma", [1.0, -1e7])):
-        with pytest.raises(ValueError, match=f"option {name} must be .*a finite number of magnitude at most 1e\\+06"):
-            check_option_types(NeuralClamping.Options, {name: value})
 
 
 @pytest.mark.parametrize(
@@ -549,15 +539,15 @@ def test_every_float_option_is_bounded_where_options_are_checked():
     [
         ({"epochs": 0}, "option epochs must be a positive integer"),
         ({"lr": -1.0}, "option lr must be a positive number"),
-        ({"gamma": []}, "option gamma must be a non-negative number"),
+        ({"gamma": []}, "option gamma must be a number or a non-empty list of them"),
         ({"gamma": [1.0, float("nan")]}, "option gamma must be a finite number"),
         ({"delta_weight": -0.1}, "option delta_weight must be"),
         ({"delta_init": "ones"}, "option delta_init must be one of"),
-        ({"holdout_fraction": 1.0}, "option holdout_fraction must be in"),
+        ({"holdout_fraction": 1.0}, r"option holdout_fraction must be a non-negative number in \[0, 1\), got 1.0"),
         ({"select_metric": "accuracy"}, "option select_metric must be one of"),
         ({"augment": "yes"}, "augment must be True or False or a callable"),
-        ({"temperature_init": 0}, "option temperature_init must be \"ts\" or a positive number"),
-        ({"temperature_init": "one"}, "option temperature_init must be \"ts\" or a positive number"),
+        ({"temperature_init": 0}, r"option temperature_init must be a number in \[0.001, 1000\], got 0"),
+        ({"temperature_init": "one"}, r"option temperature_init must be \"ts\" or a number in \[0.001, 1000\]"),
         ({"temperature_init": float("inf")}, "option temperature_init must be"),
     ],
 )

@@ -154,7 +154,7 @@ def test_bad_inputs_in_a_stream_are_named_by_their_place_in_the_data(tiny):
     broken = [(x.clone(), y) for x, y in batches]
     broken[2][0][3, 0, 0, 0] = float("nan")  # sample 2 * 20 + 3
     for data in (broken, lambda: iter(broken)):
-        with pytest.raises(NonFiniteError, match=r"sample\(s\) 43 of"):
+        with pytest.raises(NonFiniteError, match=r"sample\(s\) 43 \(batch 2, row 3, counted from 0\) of the calibration data"):
             CalibratedModel.fit(model, data, method="temperature", progress=False)
 
 
@@ -193,7 +193,7 @@ def test_documented_stream_errors(tiny):
         CalibratedModel.fit(model, DataLoader(batches, batch_size=None, shuffle=True), **fit)
     with pytest.raises(ValueError, match="preprocess=.* whole batches.*collate_fn"):
         CalibratedModel.fit(model, batches, preprocess=lambda row: row, **fit)
-    with pytest.raises(ValueError, match=r"the data \(function\) hold no samples: at least one labelled sample"):
+    with pytest.raises(ValueError, match=r"the calibration data \(function\) hold no samples: at least one labelled sample"):
         CalibratedModel.fit(model, lambda: iter([]), **fit)
     with pytest.raises(ValueError, match="yielded nothing: they are empty, or a one-shot iterator"):
         CalibratedModel.fit(model, iter([]), **fit)

@@ -38,7 +38,8 @@ def test_labels_outside_the_models_labels(cnn):
 
 def test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch(cnn):
     """A NaN at sample 37 of a DataLoader(batch_size=25) lies in the user's batch 1; the fit batches by its own
-    indices, so naming "its" batch (0) would point at the wrong rows: the sample's position alone is named."""
+    indices, so naming "its" batch (0) would point at the wrong rows: the sample's position is named, with the user's
+    batch and row."""
     from torch.utils.data import DataLoader
 
     generator = torch.Generator().manual_seed(0)
@@ -47,8 +48,8 @@ def test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch(cnn):
     with pytest.raises(ValueError) as error:
         CalibratedModel.fit(cnn, DataLoader(TensorDataset(pixels, labels), batch_size=25), method="temperature", progress=False)
     message = str(error.value)
-    assert "sample(s) 37 of DataLoader(TensorDataset, 60 samples) (positions in that data" in message
-    assert "batch" not in message
+    assert "sample(s) 37 (batch 1, row 12, counted from 0) of the calibration data, DataLoader(TensorDataset, 60 samples) " in message
+    assert "batch 0" not in message
 
 
 def test_evaluation_errors_do_not_call_the_data_calibration_data(cnn, data):
@@ -57,7 +58,7 @@ def test_evaluation_errors_do_not_call_the_data_calibration_data(cnn, data):
     bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 7, 0, 1, 2, 0]))
     with pytest.raises(ValueError, match=r"^the data's labels do not match the model: label 7 is outside") as error:
         calibrated.evaluate(bad, bootstrap=0, progress=False)
-    with pytest.raises(ValueError, match=r"^the data \(TensorDataset\) hold no samples") as empty:
+    with pytest.raises(ValueError, match=r"^the evaluation data \(TensorDataset\) hold no samples") as empty:
         calibrated.evaluate(TensorDataset(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.long)), progress=False)
     assert "calibration" not in str(error.value) + str(empty.value)
 

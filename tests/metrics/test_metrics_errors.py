@@ -161,9 +161,9 @@ BINNED = {
 
 
 @pytest.mark.parametrize("name", sorted(BINNED))
-@pytest.mark.parametrize("n_bins", [0, -3, 1.5, 15.0, "15", True, None])
+@pytest.mark.parametrize("n_bins", [0, -3, 1.5, 15.0, "15", True, None, 10_001, 10**9])
 def test_bad_n_bins(name: str, n_bins) -> None:
-    with pytest.raises(ValueError, match=r"n_bins must be an integer >= 1, got"):
+    with pytest.raises(ValueError, match=r"n_bins must be an integer from 1 to 10,000, got"):
         BINNED[name](GOOD_PROBS, GOOD_LABELS, n_bins=n_bins)
 
 
@@ -175,7 +175,7 @@ def test_numpy_integer_n_bins_accepted() -> None:
 
 @pytest.mark.parametrize("n_bins", [0, 2.0, False])
 def test_accumulator_bad_n_bins(n_bins) -> None:
-    with pytest.raises(ValueError, match="n_bins must be an integer >= 1"):
+    with pytest.raises(ValueError, match="n_bins must be an integer from 1 to 10,000"):
         CalibrationMetrics(3, n_bins=n_bins)
 
 
@@ -242,3 +242,22 @@ def test_failed_update_leaves_state_unchanged() -> None:
     with pytest.raises(ValueError):
         metrics.update(torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([0]))
     assert metrics.compute() == before
+
+
+def test_sizes_of_an_evaluation_are_bounded_before_anything_is_allocated() -> None:
+    """Issue 31 item 7: n_bins=10**9 or bootstrap=10**9 tried to allocate 24 GB / 360 GB; both are refused with the fix."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from hf_calibrate import CalibratedModel
+    from hf_calibrate.metrics import bootstrap_intervals
+
+    logits = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(40) % 3
+    model = CalibratedModel.fit(nn.Identity(), TensorDataset(logits, labels), method="temperature", progress=False)
+    with pytest.raises(ValueError, match="n_bins must be an integer from 1 to 10,000, got 1000000000: pass e.g. n_bins=15"):
+        model.evaluate(TensorDataset(logits, labels), n_bins=10**9)
+    with pytest.raises(ValueError, match="bootstrap must be at most 100,000 replicates, got 1000000000"):
+        model.evaluate(TensorDataset(logits, labels), bootstrap=10**9)
+    with pytest.raises(ValueError, match="replicates must be at most 100,000 replicates"):
+        bootstrap_intervals(torch.softmax(logits, 1), labels, replicates=10**9)

@@ -583,7 +583,7 @@ def test_one_shot_input_errors() -> None:
         bootstrap_intervals(torch.tensor([[0.7, 0.7]]), torch.tensor([0]))
     with pytest.raises(ValueError, match="probs has 2 rows but labels has 3 entries"):
         paired_bootstrap_intervals(GOOD_PROBS, GOOD_PROBS, torch.tensor([0, 1, 1]))
-    with pytest.raises(ValueError, match=r"n_bins must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"n_bins must be an integer from 1 to 10,000, got 0"):
         paired_bootstrap_intervals(GOOD_PROBS, GOOD_PROBS, GOOD_LABELS, n_bins=0)
     assert adaptive_calibration_error(GOOD_PROBS, GOOD_LABELS) == bootstrap_intervals(GOOD_PROBS, GOOD_LABELS, replicates=3)["ada_ece"].point
 

@@ -511,7 +511,7 @@ def test_weights_summing_to_zero() -> None:
 
 @pytest.mark.parametrize("n_bins", [0, -3, 2.5, True])
 def test_debiased_bad_n_bins(n_bins) -> None:
-    with pytest.raises(ValueError, match="n_bins must be an integer >= 1"):
+    with pytest.raises(ValueError, match="n_bins must be an integer from 1 to 10,000"):
         debiased_calibration_error(GOOD_PROBS, GOOD_LABELS, n_bins=n_bins)
 
 
