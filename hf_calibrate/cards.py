@@ -63,7 +63,7 @@ def eval_results(evaluation: Optional[Dict[str, Any]], task: str) -> List[EvalRe
     """
     if not evaluation:
         return []
-    in_sample = " in-sample" if evaluation.get("in_sample") else ""
+    in_sample = _in_sample_suffix(evaluation)
     results = []
     for side in ("uncalibrated", "calibrated"):
         for info in CARD_METRICS:
@@ -106,6 +106,14 @@ def _auto(record: Dict[str, Any]) -> Optional[Dict[str, str]]:
     if not summary.get("auto"):
         return None
     return {"note": reporting.auto_note(summary), "table": reporting.auto_table(summary)}
+
+
+def _in_sample_suffix(evaluation: Dict[str, Any]) -> str:
+    """What the model-index metric names add for in-sample results: " in-sample", " partly in-sample" or nothing."""
+    if not evaluation.get("in_sample"):
+        return ""
+    rows = evaluation.get("in_sample_rows") or {}
+    return " partly in-sample" if rows.get("calibration", 0) < rows.get("total", 0) else " in-sample"
 
 
 def _selection(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -380,7 +388,7 @@ def write_diagram(folder: Path, evaluation: Dict[str, Any], method: Optional[str
 def diagram_title(evaluation: Dict[str, Any], method: Optional[str] = None) -> str:
     """The title of an evaluation's reliability diagram: the method (when given), what it was computed on and, on a
     second line, whether in-sample."""
-    in_sample = f"\n{reporting.IN_SAMPLE_NOTE.capitalize()}" if evaluation.get("in_sample") else ""
+    in_sample = f"\n{reporting.in_sample_note(evaluation).capitalize()}" if evaluation.get("in_sample") else ""
     named = f" of {method}" if method else ""
     return f"Reliability{named} on {reporting.evaluated_on(evaluation)}{in_sample}"
 

@@ -33,7 +33,12 @@ What changes from ``evaluate``'s evaluator, and why (each in the method that doe
 * the bootstrap resamples sample indices (what evaluate's ``paired=True`` does with 1-D inputs):
   evaluate's ``scipy.stats.bootstrap([references, predictions], paired=True)`` raises, as (N,)
   and (N, C) do not broadcast. One ``scipy.stats.bootstrap`` call gives every metric key, from
-  the same resamples.
+  the same resamples. The rule of every interval of this library holds
+  (:mod:`hf_calibrate.metrics.intervals`): ``n_resamples`` below
+  :data:`~hf_calibrate.metrics.interval_options.MIN_INTERVAL_REPLICATES` (100) is refused before the
+  pipeline runs, and below :data:`~hf_calibrate.metrics.interval_options.MIN_INTERVAL_SAMPLES` (30)
+  rows there is no interval: ``confidence_interval`` is ``(None, None)``, ``standard_error`` None,
+  and ``reason`` says why (never an interval of zero width, nor scipy's error on one row).
 
 For the model card's ``model-index``, :func:`as_evaluation` turns the results of the base's and the
 calibrated model's pipelines into what :meth:`CalibratedModel.push_evaluation_results` takes;
@@ -43,6 +48,7 @@ takes them.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import numbers
 from dataclasses import dataclass
@@ -60,6 +66,8 @@ from transformers.pipelines import TASK_ALIASES
 from . import _auto_registration, reporting
 from ._class_ids import LabelColumn, class_names, reference_ids
 from ._warnings import warn_user
+from .metrics.interval_options import MIN_INTERVAL_REPLICATES, TOO_FEW_REPLICATES, check_replicates, no_interval_reason
+from .model_evaluation import in_sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +193,21 @@ class _ProbabilityEvaluation:
     task: str
     PIPELINE_KWARGS: Dict[str, Any]
 
+    def compute(self, *args: Any, **kwargs: Any) -> Any:
+        """evaluate's ``compute`` (the same arguments and result), its ``n_resamples`` checked before the pipeline runs
+        when ``strategy="bootstrap"``: at least :data:`~hf_calibrate.metrics.interval_options.MIN_INTERVAL_REPLICATES`."""
+        arguments = inspect.signature(super().compute).bind(*args, **kwargs)  # type: ignore[misc]
+        arguments.apply_defaults()
+        if arguments.arguments["strategy"] == "bootstrap":
+            resamples = check_replicates(arguments.arguments["n_resamples"], "n_resamples")
+            if resamples < MIN_INTERVAL_REPLICATES:
+                raise ValueError(
+                    f"n_resamples must be at least {MIN_INTERVAL_REPLICATES} with strategy='bootstrap', got {resamples}: "
+                    f"{TOO_FEW_REPLICATES}. Pass n_resamples=9999 (evaluate's default), or strategy='simple' for the "
+                    "metric without intervals."
+                )
+        return super().compute(*args, **kwargs)  # type: ignore[misc]
+
     def load_data(self, data: Any, subset: Optional[str] = None, split: Optional[str] = None) -> Any:
         """evaluate's ``load_data``, also taking a ``datasets.IterableDataset``; a DatasetDict is an error naming its splits."""
         if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
@@ -262,7 +285,7 @@ class _ProbabilityEvaluation:
             raise ValueError("data has no rows to evaluate.")
         array = np.asarray(scores, dtype=np.float64)
         _check_distributions(array, pipe)
-        _warn_if_in_sample(pipe, rows.data)
+        _warn_if_in_sample(pipe, rows.data, len(scores))
         return _Scores(names, array, rows.labels), self._compute_time_perf(0.0, seconds, len(scores))
 
     def predictions_processor(self, predictions: _Scores, label_mapping: Optional[Mapping[str, Any]]) -> Dict[str, np.ndarray]:
@@ -278,9 +301,13 @@ class _ProbabilityEvaluation:
         n_resamples: int = 9999, random_state: Optional[int] = None,
     ) -> Dict[str, Dict[str, Any]]:
         """evaluate's bootstrap (``scipy.stats.bootstrap`` with its defaults: BCa) of every key of ``metric``, over
-        resampled sample indices: one call, every key from the same resamples."""
+        resampled sample indices: one call, every key from the same resamples; no interval (None ends and standard
+        error, and the ``reason``) on fewer than ``MIN_INTERVAL_SAMPLES`` rows."""
         predictions, references = np.asarray(metric_inputs["predictions"]), np.asarray(metric_inputs["references"])
         keys = list(metric_keys)
+        reason = no_interval_reason(len(references), n_resamples)
+        if reason:
+            return {key: {"confidence_interval": (None, None), "standard_error": None, "reason": reason} for key in keys}
 
         def statistic(rows: np.ndarray) -> np.ndarray:
             values = metric.compute(predictions=predictions[rows], references=references[rows])
@@ -296,13 +323,17 @@ class _ProbabilityEvaluation:
                 for i, key in enumerate(keys)}
 
 
-def _warn_if_in_sample(pipe: Pipeline, data: Any) -> None:
-    """Warn when the pipeline's model is a calibration fitted on ``data`` (its numbers are optimistic)."""
-    fitted_on = getattr(pipe.model, "fitted_on", None)
-    if callable(fitted_on) and fitted_on(data):
+def _warn_if_in_sample(pipe: Pipeline, data: Any, samples: int) -> None:
+    """Warn when the pipeline's model is a calibration fitted on ``data``, or on some of their ``samples`` rows (saying
+    how many): its numbers are optimistic."""
+    if not callable(getattr(pipe.model, "fitted_on", None)):
+        return
+    in_sample, rows = in_sample_rows(pipe.model, data, samples)
+    if in_sample:
         warn_user(
-            f"these data are data the pipeline's calibration was fitted on ({reporting.IN_SAMPLE_NOTE}). Evaluate on data "
-            "the fit did not use, or pass in_sample=True to as_evaluation so that the model card says so."
+            f"these data are or hold data the pipeline's calibration was fitted on "
+            f"({reporting.in_sample_note({'in_sample_rows': rows})}). Evaluate on data the fit did not use, or pass "
+            "in_sample=True to as_evaluation so that the model card says so."
         )
 
 

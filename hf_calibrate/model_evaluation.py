@@ -14,10 +14,13 @@ model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same
 
     {"uncalibrated": metrics, "calibrated": metrics, "reliability": {side: bins},
      "dataset": str, "split": str or None, "n_bins": int, "in_sample": bool or None (unknown),
+     "in_sample_rows": {"calibration": int, "total": int} or None,
      "calibration_dataset": str, "calibration_split": str or None,
      "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}
 
-where metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
+where ``in_sample`` is True when the data hold rows the fit used (:func:`in_sample_rows`), and
+``in_sample_rows`` says how many of their rows those are (None when ``in_sample`` is not True, or was
+given); metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
 their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads
 them back; the plotting functions take them as they are); :mod:`hf_calibrate.evaluation` describes
 the intervals and verdicts.
@@ -40,6 +43,7 @@ from ._warnings import warn_user
 from .backbones.base import format_size
 from .backbones.preprocessing import differently_scaled, evaluation_options, value_range
 from .data import prepare_data
+from .data.lineage import shared_rows
 from .data.sources import is_one_shot
 from .fitting.calibrate import engine_options, fit_calibration, is_logit_space
 from .fitting.engine import Engine, EngineOptions
@@ -87,7 +91,7 @@ def accumulate(
     scorer = scoring.Scorer(model.backbone, model.calibrator, lambda inputs: model._calibrated_forward(inputs)[0])
     needs_data = kept is None or not scorer.logit_space or not is_one_shot(data)  # a read generator is not read again
     with torch.no_grad():
-        prepared = prepare_data(data, model.backbone, **engine.options.data_options()) if needs_data else None
+        prepared = prepare_data(data, model.backbone, role="evaluation data", **engine.options.data_options()) if needs_data else None
         if prepared is not None:
             warn_if_other_inputs(model, prepared)
         model.to(engine.device)
@@ -132,18 +136,39 @@ def evaluate_model(
     ``last_evaluation``."""
     uncalibrated, calibrated = accumulate(model, data, own, options, kept=kept)
     with torch.no_grad():
+        summary = evaluation.summarize(uncalibrated, calibrated)
+        in_sample, rows = (own["in_sample"], None) if own["in_sample"] is not None else in_sample_rows(
+            model, data, summary["calibrated"]["num_samples"])
         result = {
-            **evaluation.summarize(uncalibrated, calibrated),
+            **summary,
             "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
             "dataset": own["dataset_name"] or reporting.data_display_name(data),
             "split": own["split"] or reporting.data_split(data),
             "n_bins": own["n_bins"],
-            "in_sample": own["in_sample"] if own["in_sample"] is not None else model.fitted_on(data),
+            "in_sample": in_sample,
+            "in_sample_rows": rows,
             "calibration_dataset": model.provenance.get("dataset_name"),
             "calibration_split": model.provenance.get("split"),
         }
     model.last_evaluation = result
     return result
+
+
+def in_sample_rows(model: "CalibratedModel", data: Any, samples: int) -> Tuple[Optional[bool], Optional[Dict[str, int]]]:
+    """(whether ``data`` hold rows ``model`` was fitted on, ``{"calibration": rows that are, "total": rows}``).
+
+    True, False or None (unknown) as :meth:`CalibratedModel.fitted_on` says; the rows are counted for ``datasets``
+    data (:func:`hf_calibrate.data.lineage.shared_rows`: by memory and content, from the Arrow rows, no model run),
+    and are all ``samples`` (the evaluation's) when the data are the very data or have their fingerprint; no count
+    (None) unless True.
+    """
+    fitted = model.fitted_on(data)
+    if not fitted:
+        return fitted, None
+    counted = shared_rows(reporting.data_source(data), [reference() for reference in model._fitted_data])
+    if counted is None or not counted.shared:  # the very data object, or a dataset with a recorded fingerprint
+        return True, {"calibration": samples, "total": samples}
+    return True, {"calibration": counted.shared, "total": counted.total}
 
 
 def same_base_pass(fit_options: Dict[str, Any], evaluation_settings: Dict[str, Any]) -> bool:

@@ -7,8 +7,10 @@ calibration record) names what it was computed on and what the calibration was f
 ``dataset``, ``split``
     the evaluation data's display name and split (the split may be None);
 ``in_sample``
-    True when the evaluation data are data the calibration was fitted on (its calibration,
-    validation or temperature data): such numbers are optimistic;
+    True when the evaluation data are or hold data the calibration was fitted on (its calibration,
+    validation or temperature data): such numbers are optimistic; None when that is unknown;
+``in_sample_rows``
+    when in-sample, ``{"calibration": rows that are, "total": rows}`` (absent or None: not counted);
 ``calibration_dataset``, ``calibration_split``
     the display name and split of the calibration data.
 
@@ -141,7 +143,20 @@ def evaluation_label(evaluation: Mapping[str, Any]) -> str:
     label = evaluated_on(evaluation)
     if "in_sample" in evaluation and evaluation["in_sample"] is None:
         return f"{label} ({UNKNOWN_SAMPLE_NOTE})"
-    return f"{label} ({IN_SAMPLE_NOTE})" if evaluation.get("in_sample") else label
+    return f"{label} ({in_sample_note(evaluation)})" if evaluation.get("in_sample") else label
+
+
+def in_sample_note(evaluation: Mapping[str, Any]) -> str:
+    """:data:`IN_SAMPLE_NOTE`, or, when only some rows of the data are calibration rows, how many:
+    ``"partly in-sample: 30 of 150 rows are data the calibration was fitted on, so optimistic"``."""
+    part = _in_sample_part(evaluation)
+    return f"partly in-sample: {part} are data the calibration was fitted on, so optimistic" if part else IN_SAMPLE_NOTE
+
+
+def _in_sample_part(evaluation: Mapping[str, Any]) -> Optional[str]:
+    """``"30 of 150 rows"`` when only some rows of the evaluated data are calibration rows (``in_sample_rows``), else None."""
+    rows = evaluation.get("in_sample_rows")
+    return f"{rows['calibration']} of {rows['total']} rows" if rows and rows["calibration"] < rows["total"] else None
 
 
 def calibration_label(evaluation: Mapping[str, Any]) -> Optional[str]:
@@ -154,16 +169,21 @@ def in_sample_warning(evaluation: Mapping[str, Any], available_splits: Sequence[
     """The command line's warning about in-sample results, and what to do (None when they are not in-sample)."""
     if not evaluation.get("in_sample"):
         return None
+    part, split = _in_sample_part(evaluation), evaluation.get("split")
+    what = f"partly in-sample: {part} of the split {split!r} are" if part else f"in-sample: the split {split!r} is"
+    fix = "Drop those rows (the same content is in both splits), or evaluate" if part else "Evaluate"
     return (
-        f"these results are in-sample: the split {evaluation.get('split')!r} is data the calibration was fitted on, so "
-        f"they are optimistic. Evaluate on a split the fit did not use (the dataset's splits: {list(available_splits)}), "
-        "with --eval-split SPLIT for fit or --split SPLIT for evaluate."
+        f"these results are {what} data the calibration was fitted on, so they are optimistic. {fix} on a split the "
+        f"fit did not use (the dataset's splits: {list(available_splits)}), with --eval-split SPLIT for fit or --split "
+        "SPLIT for evaluate."
     )
 
 
 def model_index_dataset_name(evaluation: Mapping[str, Any]) -> str:
     """The model-index ``dataset.name`` of ``evaluation``: its display name, marked as calibration data when in-sample."""
-    name = evaluation["dataset"]
+    name, part = evaluation["dataset"], _in_sample_part(evaluation)
+    if part:
+        return f"{name} (partly in-sample: {part} are calibration data)"
     return f"{name} (in-sample: the calibration data)" if evaluation.get("in_sample") else name
 
 

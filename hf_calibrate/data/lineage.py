@@ -1,89 +1,215 @@
-"""Whether evaluation data hold rows of the calibration data: the lineage of ``datasets`` objects.
+"""Whether evaluation data hold rows of the calibration data, and how many: by memory and by content.
 
-``select``, ``shuffle``, ``filter``, ``sort``, ``train_test_split`` and ``to_iterable_dataset`` of a
-``datasets.Dataset`` make new objects, with new fingerprints, over the *same* Arrow memory: an
-index mapping or a slice of the table, never a copy. So a row is known by where it lies: the
-address of the memory of its column's array (shared by every object derived from it) and its
-position in that array. Two datasets share a row exactly when they share such a place.
+**Memory.** ``select``, ``shuffle``, ``filter``, ``sort``, ``train_test_split``, ``rename_column`` and
+``to_iterable_dataset`` of a ``datasets.Dataset`` make new objects, with new fingerprints, over the *same*
+Arrow memory: an index mapping or a slice of the table, never a copy. So a row is known by where it lies:
+the address of the memory of its column's array (shared by every object derived from it) and its position
+in that array. Two datasets share a row when they share such a place in any column.
 
-:func:`rows_in_memory` gives those places for a ``datasets.Dataset``, or for a
-``datasets.IterableDataset`` made by ``to_iterable_dataset`` (and shuffled at most); other data have
-no known place (None), e.g. a streamed ``load_dataset``, or an iterable that was mapped, filtered,
-skipped or taken, whose rows may be other rows or changed ones.
-:func:`shares_rows` compares two such sets.
+**Content.** ``map``, ``cast``, ``from_pandas`` and reloading copy rows elsewhere. A row is then known by
+its content: a 16-byte BLAKE2b digest of its values in the columns the two datasets have in common
+(:func:`row_digests`), compared when one dataset's columns are all among the other's with the same Arrow
+types (``map`` adding a column: yes; a column cast to another type, or each side with a column the other
+lacks: no). Hashing reads the Arrow rows once, never runs a model; a dataset's digests are kept by its
+fingerprint (the calibration data are hashed once per session).
+
+:func:`shared_rows` counts the rows of ``datasets`` data (a ``datasets.Dataset``, or a
+``datasets.IterableDataset`` made by ``to_iterable_dataset`` and shuffled at most) that are rows of the
+fitted data by either test. Other data have no known rows (None): a streamed ``load_dataset``, or an
+iterable that was mapped, filtered, skipped or taken, whose rows may be other rows or changed ones.
+:func:`holds_rows_of` turns the count into True, False or None (unknown).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional
+import hashlib
+from collections import OrderedDict
+from typing import Any, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
-
-#: Places of rows: the address of a column array's memory → the sorted positions of rows in that array.
-RowPlaces = Dict[int, np.ndarray]
+import pyarrow as pa
 
 #: ``datasets`` example iterables that only reorder or regroup the rows of the ones they wrap (a rebatching that drops
 #: its last batch does not count)
 _REORDERING = ("BufferShuffledExamplesIterable", "InterleavedShardsExamplesIterable", "RebatchedArrowExamplesIterable")
 #: the example iterables that read ``datasets.Dataset`` shards (``kwargs["shards"]``)
 _SHARD_READERS = ("ArrowExamplesIterable", "ShuffledDataSourcesArrowExamplesIterable")
+#: rows hashed per Arrow batch read
+DIGEST_BATCH_ROWS = 1024
+#: datasets whose digests are kept (by fingerprint and columns); each costs 16 bytes per row
+DIGEST_CACHE_SIZE = 16
+_DIGESTS: "OrderedDict[Tuple[str, Tuple[str, ...]], np.ndarray]" = OrderedDict()
+#: an Arrow array's bytes and where each row's lie in them: row i is ``data[bounds[i]:bounds[i + 1]]``
+Segment = Tuple[np.ndarray, np.ndarray]
 
 
-def rows_in_memory(data: Any) -> Optional[RowPlaces]:
-    """Where the rows of a ``datasets.Dataset`` (or of an iterable made from ones) lie in memory; None when unknown."""
-    kind = type(data).__name__
-    if type(data).__module__.split(".")[0] != "datasets":
+class SharedRows(NamedTuple):
+    """How many rows of some data are rows of the calibration data."""
+
+    shared: int  #: rows of the data that are rows of the fitted data
+    total: int  #: rows of the data
+
+
+def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
+    """The rows of ``datasets`` ``data`` that are rows of the ``fitted`` data objects (None entries: objects gone),
+    found by memory or by content (module docstring).
+
+    None when they cannot be counted: ``data`` are not ``datasets`` data or a stream whose rows cannot be traced,
+    or no row was found and the rows of some fitted ``datasets`` data cannot be compared with theirs (a stream, or
+    no columns to compare). With no fitted ``datasets`` data alive, nothing is found: (0, rows).
+    """
+    parts = _parts(data)
+    if parts is None:
         return None
-    if kind == "Dataset":
-        return _dataset_places(data)
-    if kind == "IterableDataset":
-        shards = _source_shards(data)
-        return None if shards is None else _union(_dataset_places(shard) for shard in shards)
-    return None
+    keys = np.concatenate([_memory_keys(part) for part in parts])
+    shared = np.zeros(len(keys), dtype=bool)
+    comparable = True
+    for item in fitted:
+        other = _parts(item) if _is_datasets(item) else []
+        if other is None:
+            comparable = False
+            continue
+        for part in other:
+            places = _memory_keys(part)
+            shared |= np.isin(keys, places[places != b""]).any(axis=1)
+            columns = _common_columns(parts[0], part)
+            if columns is None:
+                comparable = False
+                continue
+            shared |= np.isin(np.concatenate([row_digests(piece, columns) for piece in parts]), row_digests(part, columns))
+    if not comparable and not shared.any():
+        return None
+    return SharedRows(int(shared.sum()), len(shared))
 
 
 def holds_rows_of(data: Any, fitted: Iterable[Any]) -> Optional[bool]:
-    """Whether ``data`` hold a row of any of the ``fitted`` data objects (None entries: objects gone), as far as
-    memory tells: True when they share one, None when ``data`` are a ``datasets.IterableDataset`` whose rows cannot be
-    placed, else False (other data, or rows copied elsewhere, as by ``map``: compared by identity and fingerprint only)."""
-    places = rows_in_memory(data)
-    if places is None:
-        return None if type(data).__name__ == "IterableDataset" and type(data).__module__.split(".")[0] == "datasets" else False
-    known = (rows_in_memory(item) for item in fitted if item is not None)
-    return any(shares_rows(places, other) for other in known if other is not None)
+    """Whether ``data`` hold a row of any of the ``fitted`` data objects (:func:`shared_rows`): True or False, None
+    when that cannot be told for ``datasets`` data; False for other data (compared by identity and fingerprint only,
+    by :meth:`~hf_calibrate.CalibratedModel.fitted_on`)."""
+    counted = shared_rows(data, fitted)
+    if counted is None:
+        return None if _is_datasets(data) else False
+    return counted.shared > 0
 
 
-def shares_rows(first: RowPlaces, second: RowPlaces) -> bool:
-    """Whether two sets of row places hold a row in common."""
-    return any(address in second and np.intersect1d(rows, second[address]).size
-               for address, rows in first.items())
+def row_digests(dataset: Any, columns: Tuple[str, ...]) -> np.ndarray:
+    """A 16-byte BLAKE2b digest of each row of a ``datasets.Dataset`` over ``columns`` (sorted names): (N,) ``S16``,
+    in the dataset's row order; the same for the same values whatever the Arrow layout (slices, chunks, copies).
+    Kept by the dataset's fingerprint (:data:`DIGEST_CACHE_SIZE` datasets)."""
+    key = (dataset._fingerprint, columns)
+    if key in _DIGESTS:
+        _DIGESTS.move_to_end(key)
+        return _DIGESTS[key]
+    batches = dataset.select_columns(list(columns)).with_format("arrow").iter(batch_size=DIGEST_BATCH_ROWS)
+    digests = np.concatenate([np.empty(0, dtype="S16"), *(_batch_digests(batch) for batch in batches)])
+    _DIGESTS[key] = digests
+    if len(_DIGESTS) > DIGEST_CACHE_SIZE:
+        _DIGESTS.popitem(last=False)
+    return digests
 
 
-def _dataset_places(dataset: Any) -> RowPlaces:
-    """The places of the rows of a ``datasets.Dataset`` in every column, through its index mapping when it has one
-    (every column: a dataset with a column removed or added still shares the others' memory)."""
+def _batch_digests(batch: Any) -> np.ndarray:
+    """The digests of the rows of an Arrow table: every column's segments, and their lengths (so that values cannot
+    run into the next column's)."""
+    segments = [segment for column in batch.columns for segment in _column_segments(column.combine_chunks())]
+    lengths = np.stack([np.diff(bounds) for _, bounds in segments], axis=1).astype(np.int64)
+    digests = np.empty(batch.num_rows, dtype="S16")
+    for row in range(batch.num_rows):
+        digest = hashlib.blake2b(lengths[row].tobytes(), digest_size=16)
+        for data, bounds in segments:
+            digest.update(data[bounds[row]:bounds[row + 1]])
+        digests[row] = digest.digest()
+    return digests
+
+
+def _column_segments(array: Any) -> List[Segment]:
+    """A column's segments: which rows are null, then its values (:func:`_segments`)."""
+    nulls = np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=np.uint8)
+    return [(nulls, np.arange(len(array) + 1)), *_segments(array)]
+
+
+def _segments(array: Any) -> List[Segment]:
+    """The bytes of each row of an Arrow array, as segments: one for a flat array (numbers, strings, bytes), those
+    of the innermost values for lists (every nesting level), one per field for structs (images: bytes and path)."""
+    kind, rows = array.type, np.arange(array.offset, array.offset + len(array) + 1)
+    if isinstance(array, pa.ExtensionArray):  # e.g. datasets' Array2D: lists underneath
+        return _segments(array.storage)
+    if pa.types.is_dictionary(kind):
+        return _segments(array.dictionary_decode())
+    if pa.types.is_struct(kind):
+        return [segment for field in array.flatten() for segment in _segments(field)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        return [(data, bounds[np.asarray(array.offsets)]) for data, bounds in _segments(array.values)]
+    if pa.types.is_fixed_size_list(kind):
+        return [(data, bounds[rows * kind.list_size]) for data, bounds in _segments(array.values)]
+    if pa.types.is_boolean(kind):
+        return [(np.asarray(array.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.uint8), rows - array.offset)]
+    if pa.types.is_null(kind):
+        return [(np.empty(0, dtype=np.uint8), np.zeros(len(array) + 1, dtype=np.int64))]
+    if pa.types.is_binary_view(kind) or pa.types.is_string_view(kind):
+        return _segments(array.cast(pa.large_binary()))
+    buffers = array.buffers()
+    if pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        offsets = np.frombuffer(buffers[1], dtype=np.int64 if kind in (pa.large_binary(), pa.large_string()) else np.int32)
+        return [(_bytes(buffers[2]), offsets[rows].astype(np.int64))]
+    if pa.types.is_fixed_size_binary(kind) or pa.types.is_decimal(kind) or pa.types.is_primitive(kind):
+        width = kind.bit_width // 8 if pa.types.is_primitive(kind) else kind.byte_width
+        return [(_bytes(buffers[1]), rows * width)]
+    values = [repr(value).encode() for value in array.to_pylist()]  # any other layout (unions, run-end encoded): as read
+    return [(np.frombuffer(b"".join(values), dtype=np.uint8), np.cumsum([0, *map(len, values)]))]
+
+
+def _bytes(buffer: Any) -> np.ndarray:
+    """An Arrow buffer as uint8 (an absent one: empty)."""
+    return np.empty(0, dtype=np.uint8) if buffer is None else np.frombuffer(buffer, dtype=np.uint8)
+
+
+def _common_columns(first: Any, second: Any) -> Optional[Tuple[str, ...]]:
+    """The columns (sorted names) of two ``datasets.Dataset`` with the same name and Arrow type, when all of one's
+    columns are among them (the other may have more: ``map`` adding a column); else None (no content to compare)."""
+    types = [{field.name: field.type for field in dataset.data.table.schema} for dataset in (first, second)]
+    common = tuple(sorted(name for name, kind in types[0].items() if types[1].get(name) == kind))
+    return common if common and len(common) in (len(types[0]), len(types[1])) else None
+
+
+def _memory_keys(dataset: Any) -> np.ndarray:
+    """(N, K) ``S16`` places of the N rows of a ``datasets.Dataset`` in memory, one per column (K): the address of the
+    memory of the column's array and the row's position in it (b"": an array without a buffer, no place)."""
     table = dataset.data.table
     indices = getattr(dataset, "_indices", None)
     physical = np.arange(table.num_rows) if indices is None else np.asarray(indices.column(0).to_numpy(), dtype=np.int64)
-    return _union(_column_places(column, physical) for column in table.columns)
+    keys = [_column_keys(column, physical) for column in table.columns]
+    return np.stack(keys, axis=1) if keys else np.empty((len(physical), 0), dtype="S16")
 
 
-def _column_places(column: Any, physical: np.ndarray) -> RowPlaces:
-    """The places of rows ``physical`` (positions in the table) of one chunked column."""
+def _column_keys(column: Any, physical: np.ndarray) -> np.ndarray:
+    """(N,) ``S16`` places of rows ``physical`` (positions in the table) of one chunked column."""
     bounds = np.cumsum([0, *(len(chunk) for chunk in column.chunks)])
     chunk_of = np.searchsorted(bounds, physical, side="right") - 1
-    places: RowPlaces = {}
-    for number in np.unique(chunk_of):
-        chunk = column.chunk(int(number))
-        address = _memory_address(chunk)
-        if address:
-            places[address] = chunk.offset + physical[chunk_of == number] - bounds[number]
-    return places
+    addresses = np.array([_memory_address(chunk) for chunk in column.chunks] or [0], dtype=np.int64)[chunk_of]
+    offsets = np.array([chunk.offset for chunk in column.chunks] or [0], dtype=np.int64)[chunk_of]
+    places = np.stack([addresses, offsets + physical - bounds[chunk_of]], axis=1) * (addresses != 0)[:, None]
+    return np.ascontiguousarray(places).view("S16").ravel()
 
 
 def _memory_address(array: Any) -> int:
     """The address of the first buffer of an Arrow array, the same for every slice of it (0: it has no buffer)."""
     return next((buffer.address for buffer in array.buffers() if buffer is not None), 0)
+
+
+def _is_datasets(data: Any) -> bool:
+    return type(data).__module__.split(".")[0] == "datasets"
+
+
+def _parts(data: Any) -> Optional[List[Any]]:
+    """The ``datasets.Dataset`` objects whose rows are the rows of ``data`` (itself, or the shards an iterable
+    reads); None when unknown (not ``datasets`` data, or a stream that may drop or change rows)."""
+    kind = type(data).__name__
+    if not _is_datasets(data):
+        return None
+    if kind == "Dataset":
+        return [data]
+    return _source_shards(data) if kind == "IterableDataset" else None
 
 
 def _source_shards(data: Any) -> Optional[list]:
@@ -97,11 +223,3 @@ def _source_shards(data: Any) -> Optional[list]:
     if not isinstance(shards, list) or not all(type(shard).__name__ == "Dataset" for shard in shards):
         return None
     return shards
-
-
-def _union(parts: Iterable[RowPlaces]) -> RowPlaces:
-    union: RowPlaces = {}
-    for part in parts:
-        for address, rows in part.items():
-            union[address] = np.union1d(union.get(address, np.empty(0, dtype=np.int64)), rows)
-    return union

@@ -32,6 +32,8 @@ MIN_INTERVAL_SAMPLES = 30
 #: Fewest replicates behind an interval: fewer cannot place the 2.5 % and 97.5 % quantiles of a 95 % interval
 #: (one replicate gives low = high).
 MIN_INTERVAL_REPLICATES = 100
+#: Why fewer replicates are refused where a user asks for intervals (evaluate, the evaluate modules, the evaluator).
+TOO_FEW_REPLICATES = "fewer cannot place the 2.5 % and 97.5 % quantiles of a 95 % interval"
 
 
 def no_interval_reason(samples: Optional[int], replicates: int) -> Optional[str]:
@@ -49,8 +51,12 @@ def no_interval_reason(samples: Optional[int], replicates: int) -> Optional[str]
     return None
 
 
+#: the most bootstrap replicates taken: their weights are drawn per replicate and sample
+MAX_REPLICATES = 100_000
+
+
 def check_replicates(value: Any, name: str = "replicates", *, allow_zero: bool = False) -> int:
-    """A positive integer (``allow_zero``: non-negative); bools refused.
+    """A positive integer (``allow_zero``: non-negative) up to :data:`MAX_REPLICATES`; bools refused.
 
     Example:
         >>> check_replicates(1000), check_replicates(0, "bootstrap", allow_zero=True)
@@ -60,6 +66,9 @@ def check_replicates(value: Any, name: str = "replicates", *, allow_zero: bool =
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < low:
         what = "a non-negative integer (0 turns intervals off)" if allow_zero else "a positive integer"
         raise ValueError(f"{name} must be {what}, got {value!r}.")
+    if value > MAX_REPLICATES:
+        raise ValueError(f"{name} must be at most {MAX_REPLICATES:,} replicates, got {value!r}: 1,000 (the default) give "
+                         "interval ends to about ±0.01 of their coverage; pass e.g. 1000 or 10000.")
     return int(value)
 
 
@@ -73,9 +82,8 @@ def check_bootstrap(value: Any, name: str = "bootstrap") -> int:
     replicates = check_replicates(value, name, allow_zero=True)
     if 0 < replicates < MIN_INTERVAL_REPLICATES:
         raise ValueError(
-            f"{name} must be 0 (points only) or at least {MIN_INTERVAL_REPLICATES} replicates, got {replicates}: fewer "
-            f"cannot place the 2.5 % and 97.5 % quantiles of a 95 % interval. Pass {name}=1000 (the default of "
-            f"evaluate) or 0."
+            f"{name} must be 0 (points only) or at least {MIN_INTERVAL_REPLICATES} replicates, got {replicates}: "
+            f"{TOO_FEW_REPLICATES}. Pass {name}=1000 (the default of evaluate) or 0."
         )
     return replicates
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..modeling import CalibratedModel
 
 #: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.reporting`)
-EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "calibration_dataset", "calibration_split")
+EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "in_sample_rows", "calibration_dataset", "calibration_split")
 #: provenance keys the record keeps elsewhere than in its ``fit``
 _NOT_IN_FIT = ("options", "base_fingerprint", "input_contract")
 

@@ -88,6 +88,12 @@ def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
 
+def _row_count(value: Any) -> Optional[str]:
+    ok = (isinstance(value, dict) and set(value) == {"calibration", "total"} and all(_is_int(v) for v in value.values())
+          and 0 <= value["calibration"] <= value["total"])
+    return None if ok else "must be {'calibration': k, 'total': n} with integers 0 <= k <= n"
+
+
 def _mapping(value: Any) -> Optional[str]:
     return None if isinstance(value, dict) else "must be a JSON object"
 
@@ -322,6 +328,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "evaluation.dataset": Field(_text(1024)),
     "evaluation.split": Field(_optional(_text(256))),
     "evaluation.in_sample": Field(_optional(_boolean), since=2),
+    "evaluation.in_sample_rows": Field(_optional(_row_count), since=2),
     "evaluation.calibration_dataset": Field(_optional(_text(1024)), since=2),
     "evaluation.calibration_split": Field(_optional(_text(256)), since=2),
     "evaluation.reliability": Field(_optional(_reliability)),

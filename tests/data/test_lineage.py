@@ -1,18 +1,23 @@
 """In-sample honesty for ``datasets`` data: rows derived from the calibration data are recognised as its rows.
 
 The probe: ``evaluate(cal.select(range(100)))``, ``evaluate(cal.shuffle(seed=3))`` and
-``evaluate(cal.to_iterable_dataset())`` reported ``in_sample=False`` although every row was calibration data.
+``evaluate(cal.to_iterable_dataset())`` reported ``in_sample=False`` although every row was calibration data
+(issue 31, item 3); ``map`` (rows copied) and rows that cannot be compared said False too, and data holding some
+calibration rows said True without saying how many.
 """
 
 from __future__ import annotations
 
 import datasets
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch import nn
 
 from hf_calibrate import CalibratedModel
-from hf_calibrate.data.lineage import holds_rows_of
+from hf_calibrate.data.lineage import holds_rows_of, row_digests, shared_rows
+from hf_calibrate.reporting import evaluation_label
 
 ROWS = 120
 
@@ -38,6 +43,9 @@ DERIVED = {
     "select of repeated rows": lambda cal: cal.select([7, 7, 7]),
     "to_iterable_dataset()": lambda cal: cal.to_iterable_dataset(),
     "to_iterable_dataset(num_shards=4).shuffle": lambda cal: cal.to_iterable_dataset(num_shards=4).shuffle(seed=1, buffer_size=8),
+    "map adding a column": lambda cal: cal.map(lambda row: {"weight": 1.0}),
+    "map(identity)": lambda cal: cal.map(lambda row: row),
+    "the same rows built again": lambda cal: datasets.Dataset.from_pandas(cal.to_pandas()),
 }
 
 
@@ -52,7 +60,6 @@ def test_other_rows_are_not_taken_for_calibration_rows(calibration):
     assert holds_rows_of(halves["test"], [halves["train"]]) is False
     assert holds_rows_of(halves["test"].shuffle(seed=1).to_iterable_dataset(), [halves["train"]]) is False
     assert holds_rows_of(halves["train"].select(range(5)), [halves["train"]]) is True
-    assert holds_rows_of(_table(0), [calibration]) is False  # same values, other memory: another dataset
     assert holds_rows_of(calibration, [None]) is False  # the fit's data object is gone: nothing to compare
 
 
@@ -84,3 +91,94 @@ def test_evaluate_says_unknown_where_it_cannot_know(calibrated, calibration):
     assert evaluation_label(result).endswith("(whether these are data the calibration was fitted on is unknown)")
     held_out = calibrated.evaluate(_table(1), bootstrap=0, progress=False)
     assert held_out["in_sample"] is False
+
+
+def _rows(data) -> int:
+    return ROWS if isinstance(data, datasets.IterableDataset) else len(data)
+
+
+USERS_DERIVE = {name: DERIVED[name] for name in ("select(range(100))", "shuffle(seed=3)", "to_iterable_dataset()", "filter",
+                                                  "map adding a column", "map(identity)", "the same rows built again")}
+
+
+@pytest.mark.parametrize("derive", USERS_DERIVE.values(), ids=USERS_DERIVE.keys())
+def test_evaluate_counts_every_row_of_data_derived_from_the_calibration_data(calibrated, calibration, derive):
+    """Every row is a calibration row, however the user derived the data (``map`` copies the rows: compared by
+    content): in_sample is True and in_sample_rows counts them all."""
+    data = derive(calibration)
+    result = calibrated.evaluate(data, bootstrap=0, progress=False)
+    assert result["in_sample"] is True
+    assert result["in_sample_rows"] == {"calibration": _rows(data), "total": _rows(data)} == {
+        "calibration": result["calibrated"]["num_samples"], "total": result["calibrated"]["num_samples"]}
+
+
+def test_evaluate_says_how_many_rows_of_partly_in_sample_data_are_calibration_rows(calibrated, calibration):
+    """30 calibration rows among 150: in-sample, with the count, and the label says 'partly'."""
+    mixed = datasets.concatenate_datasets([_table(1), calibration.select(range(90, 120))]).shuffle(seed=0)
+    result = calibrated.evaluate(mixed, bootstrap=0, progress=False)
+    assert (result["in_sample"], result["in_sample_rows"]) == (True, {"calibration": 30, "total": ROWS + 30})
+    assert evaluation_label(result).endswith(f"(partly in-sample: 30 of {ROWS + 30} rows are data the calibration was "
+                                             "fitted on, so optimistic)")
+
+
+def test_a_genuinely_different_test_set_is_held_out(calibration):
+    """The held-out part of a train_test_split, and other rows of the same shape, say False (with no count)."""
+    halves = calibration.train_test_split(test_size=0.25, seed=0)
+    torch.manual_seed(0)
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), halves["train"], method="temperature", progress=False)
+    for held_out in (halves["test"], halves["test"].map(lambda row: {"weight": 1.0}), _table(1)):
+        result = model.evaluate(held_out, bootstrap=0, progress=False)
+        assert (result["in_sample"], result["in_sample_rows"]) == (False, None)
+    assert model.evaluate(halves["train"].select(range(10)), bootstrap=0, progress=False)["in_sample_rows"] == {
+        "calibration": 10, "total": 10}
+
+
+def test_rows_that_cannot_be_compared_are_unknown_not_held_out(calibrated, calibration):
+    """A copy whose inputs changed type (float64 → float32) shares no memory and no column of comparable content
+    with the calibration data: whether its rows are calibration rows is unknown (None), not False."""
+    cast = calibration.cast_column("input", datasets.Sequence(datasets.Value("float32")))
+    result = calibrated.evaluate(cast, bootstrap=0, progress=False)
+    assert (result["in_sample"], result["in_sample_rows"]) == (None, None)
+
+
+# ----------------------------------------------------------------------------- content digests
+
+
+def _layouts() -> datasets.Dataset:
+    """Rows in every Arrow layout ``datasets`` writes: nested lists, fixed-size arrays, strings, bytes, images
+    (structs of bytes and path), booleans, class labels and nulls."""
+    features = datasets.Features({
+        "nested": datasets.Sequence(datasets.Sequence(datasets.Value("float32"))),
+        "grid": datasets.Array2D((2, 2), "int32"), "text": datasets.Value("string"), "blob": datasets.Value("binary"),
+        "image": datasets.Image(), "flag": datasets.Value("bool"), "label": datasets.ClassLabel(names=["a", "b"]),
+        "maybe": datasets.Value("int64"),
+    })
+    rows = [{"nested": [[float(i), 0.5]] * (i % 3), "grid": [[i, 1], [2, i]], "text": "x" * i, "blob": bytes([i]) * i,
+             "image": {"bytes": bytes([i, 7]), "path": None}, "flag": i % 2 == 0, "label": i % 2,
+             "maybe": None if i % 4 == 0 else i} for i in range(12)]
+    return datasets.Dataset.from_list(rows, features=features)
+
+
+def test_row_digests_are_the_same_for_the_same_rows_in_any_layout_and_differ_otherwise():
+    """A row's digest depends on its content only: the same for the row selected, shuffled, copied by map or sliced
+    out of another chunk; distinct rows have distinct digests, and changing one value changes that row's only."""
+    data = _layouts()
+    columns = tuple(sorted(data.column_names))
+    digests = row_digests(data, columns)
+    assert digests.shape == (12,) and len(set(digests.tolist())) == 12
+    order = [5, 0, 11, 5]
+    assert row_digests(data.select(order), columns).tolist() == digests[order].tolist()
+    assert row_digests(data.map(lambda row: row), columns).tolist() == digests.tolist()
+    chunked = datasets.Dataset(pa.concat_tables([data.data.table.slice(0, 5), data.data.table.slice(5)]), info=data.info)
+    assert row_digests(chunked, columns).tolist() == digests.tolist()
+    changed = row_digests(data.map(lambda row, i: {"text": "changed" if i == 3 else row["text"]}, with_indices=True), columns)
+    assert np.flatnonzero(changed != digests).tolist() == [3]
+
+
+def test_shared_rows_count_rows_by_memory_and_by_content(calibration):
+    """A renamed column shares memory (no content comparison: the columns differ); a copy shares content; a stream
+    that cannot be traced cannot be counted."""
+    assert shared_rows(calibration.rename_column("input", "inputs").select(range(7)), [calibration]) == (7, 7)
+    assert shared_rows(calibration.map(lambda row: row).select(range(40, 50)), [calibration]) == (10, 10)
+    assert shared_rows(_table(1), [calibration]) == (0, ROWS)
+    assert shared_rows(calibration.to_iterable_dataset().skip(3), [calibration]) is None

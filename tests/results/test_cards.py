@@ -458,3 +458,25 @@ def test_the_card_says_whether_predictions_may_change_from_the_class(method):
     assert f"## Calibration method: {cls.title}" in card.text and cls.description in card.text
     assert ("it may change a few predictions" in card.text) == (not cls.preserves_argmax)
     assert cls.citation in card.text and "github.com/hf-calibrate" not in card.text
+
+
+def test_a_partly_in_sample_evaluation_keeps_its_count_in_the_record_and_the_model_index(tmp_path):
+    """30 calibration rows among 150 (a datasets table): the record keeps ``in_sample_rows``, and the model-index
+    says 'partly in-sample' with the count, in the saved card and in one rendered later from the record."""
+    generator = torch.Generator().manual_seed(0)
+
+    def table(rows: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict({"input": torch.randn(rows, 6, generator=generator).tolist(),
+                                           "labels": torch.randint(0, 4, (rows,), generator=generator).tolist()})
+
+    calibration = table(120)
+    calibrated = CalibratedModel.fit(torch.nn.Linear(6, 4).eval(), calibration, method="temperature", progress=False)
+    mixed = datasets.concatenate_datasets([table(120), calibration.select(range(30))])
+    calibrated.evaluate(mixed, dataset_name="rows", bootstrap=0, progress=False)
+    calibrated.save_pretrained(tmp_path / "model")
+    record = json.loads((tmp_path / "model" / "calibration_config.json").read_text())
+    assert (record["evaluation"]["in_sample"], record["evaluation"]["in_sample_rows"]) == (
+        True, {"calibration": 30, "total": 150})
+    expected = {"rows (partly in-sample: 30 of 150 rows are calibration data)"}
+    assert {result.dataset_name for result in _card(tmp_path / "model").data.eval_results} == expected
+    assert {result.dataset_name for result in cards.render_card(record).data.eval_results} == expected

@@ -29,6 +29,7 @@ from transformers.models.timm_wrapper import TimmWrapperImageProcessor
 
 from hf_calibrate import CalibratedModel, metrics
 from hf_calibrate.evaluator import SIDES, TIME_KEYS, as_evaluation, calibration_evaluator, metric_values
+from hf_calibrate.metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES
 
 pytestmark = pytest.mark.usefixtures("hf_home", "single_thread")  # conftest.py: single_thread, one torch thread
 
@@ -150,10 +151,12 @@ def test_label_mapping_sets_the_class_ids(image, metric):
 
 @pytest.fixture(scope="module")
 def bootstrapped(image, metric) -> SimpleNamespace:
-    """Two bootstrap runs of the plain digits pipeline on 40 test rows, with the same random_state."""
+    """Two bootstrap runs of the plain digits pipeline on 40 test rows, with the same random_state (the fewest
+    replicates an interval takes)."""
     rows = _spread(image.test, 40)
     runs = [image.evaluator.compute(model_or_pipeline=image.pipelines["uncalibrated"], data=rows, metric=metric,
-                                    strategy="bootstrap", n_resamples=40, random_state=11, confidence_level=0.9)
+                                    strategy="bootstrap", n_resamples=MIN_INTERVAL_REPLICATES, random_state=11,
+                                    confidence_level=0.9)
             for _ in range(2)]
     return SimpleNamespace(rows=rows, runs=runs)
 
@@ -184,10 +187,33 @@ def test_bootstrap_is_scipys_over_resampled_samples(image, bootstrapped):
     for key in KEYS:
         expected = scipy.stats.bootstrap(
             [np.arange(len(labels))], lambda rows, key=key: DEFINITIONS[key](probabilities[rows], labels[rows]), vectorized=False,
-            n_resamples=40, random_state=11, confidence_level=0.9,
+            n_resamples=MIN_INTERVAL_REPLICATES, random_state=11, confidence_level=0.9,
         )
         assert result[key]["confidence_interval"] == pytest.approx(tuple(expected.confidence_interval), abs=TOLERANCE), key
         assert result[key]["standard_error"] == pytest.approx(expected.standard_error, abs=TOLERANCE), key
+
+
+def test_too_few_rows_give_no_interval_and_say_why(image, metric):
+    """Below 30 rows the bootstrap's interval would be no evidence (one row: zero width, or scipy's error): no
+    interval, its reason, and the scores still there (issue 31, item 4: one rule with evaluate and the modules)."""
+    rows = _spread(image.test, MIN_INTERVAL_SAMPLES - 1)
+    result = image.evaluator.compute(model_or_pipeline=image.pipelines["uncalibrated"], data=rows, metric=metric,
+                                     strategy="bootstrap", n_resamples=MIN_INTERVAL_REPLICATES, random_state=11)
+    for key in KEYS:
+        assert result[key] == {"score": pytest.approx(result[key]["score"]), "confidence_interval": (None, None),
+                               "standard_error": None,
+                               "reason": f"no interval: {len(rows)} samples, fewer than the {MIN_INTERVAL_SAMPLES} an interval needs"}
+        assert math.isfinite(result[key]["score"])
+
+
+@pytest.mark.parametrize("n_resamples", [1, MIN_INTERVAL_REPLICATES - 1])
+def test_too_few_resamples_are_refused_before_the_pipeline_runs(image, metric, n_resamples, monkeypatch):
+    """evaluate() and the evaluate modules refuse 1-99 replicates; so does the evaluator, before any pipeline call."""
+    monkeypatch.setattr(type(image.evaluator), "call_pipeline", lambda *args: pytest.fail("the pipeline ran"))
+    with pytest.raises(ValueError, match=f"n_resamples must be at least {MIN_INTERVAL_REPLICATES} with "
+                                         f"strategy='bootstrap', got {n_resamples}: .* or strategy='simple'"):
+        image.evaluator.compute(model_or_pipeline=image.pipelines["uncalibrated"], data=image.test, metric=metric,
+                                strategy="bootstrap", n_resamples=n_resamples)
 
 
 # ----------------------------------------------------------------------------- to the model card
@@ -347,3 +373,10 @@ def test_in_sample_data_warn(image, metric):
     with pytest.warns(UserWarning, match="data the pipeline's calibration was fitted on .* in_sample=True"):
         result = image.evaluator.compute(model_or_pipeline=image.pipelines["calibrated"], data=image.calibration, metric=metric)
     assert math.isfinite(result["ece"])
+
+
+def test_partly_in_sample_data_warn_with_the_count(image, metric):
+    """Ten calibration rows among thirty: the warning says how many rows are calibration rows."""
+    mixed = datasets.concatenate_datasets([image.test.select(range(20)), image.calibration.select(range(10))])
+    with pytest.warns(UserWarning, match="partly in-sample: 10 of 30 rows are data the calibration was fitted on"):
+        image.evaluator.compute(model_or_pipeline=image.pipelines["calibrated"], data=mixed, metric=metric)

@@ -61,6 +61,20 @@ def test_labels_of_evaluations():
     assert reporting.evaluation_label(in_sample).endswith("(in-sample: data the calibration was fitted on, so optimistic)")
     assert reporting.model_index_dataset_name(in_sample) == "digits (in-sample: the calibration data)"
     assert "--eval-split" in reporting.in_sample_warning(in_sample, ["validation"])
+    whole = {**in_sample, "in_sample_rows": {"calibration": 450, "total": 450}}
+    assert reporting.evaluation_label(whole) == reporting.evaluation_label(in_sample)
+
+
+def test_labels_of_partly_in_sample_evaluations_say_how_many_rows():
+    """30 calibration rows among 450 are not 'the calibration data': every label gives the count."""
+    partly = {"dataset": "digits", "split": "test", "calibrated": {"num_samples": 450}, "in_sample": True,
+              "in_sample_rows": {"calibration": 30, "total": 450}}
+    assert reporting.evaluation_label(partly) == (
+        "digits, test split, 450 samples (partly in-sample: 30 of 450 rows are data the calibration was fitted on, so "
+        "optimistic)")
+    assert reporting.model_index_dataset_name(partly) == "digits (partly in-sample: 30 of 450 rows are calibration data)"
+    assert reporting.in_sample_warning(partly, ["test"]).startswith(
+        "these results are partly in-sample: 30 of 450 rows of the split 'test' are data the calibration was fitted on")
 
 
 INTERVAL = {"point": -0.0098, "low": -0.0177, "high": -0.00001, "confidence": 0.95, "replicates": 1000, "seed": 0}
