@@ -13,6 +13,7 @@ full run):
 * ``intervals``  — ``bench_intervals.py`` (bootstrap interval coverage on synthetic data);
 * ``scale``      — ``bench_scale.py`` (streamed calibration data: memory against N, throughput vs a bare loop);
 * ``safe_defaults`` — ``bench_safe_defaults.py`` (every logit method's default vs uncalibrated and TS, peers beside);
+* ``mac_cal_ablation`` — ``bench_mac_cal_ablation.py`` (where MaC-Cal's gain comes from: paired arms against its default);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
 Afterwards (full runs) ``benchmarks/results/README.md`` is rewritten: an index of every table
@@ -58,6 +59,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "defaults": ("bench_defaults.py", "quality", "evidence for the fit defaults: paired arms of Neural Clamping and the heads' temperature"),
     "scale": ("bench_scale.py", "speed", "streams at scale: peak memory against N, throughput against a bare loop"),
     "safe_defaults": ("bench_safe_defaults.py", "quality", "safe defaults: every logit method's default vs uncalibrated and TS, peers beside"),
+    "mac_cal_ablation": ("bench_mac_cal_ablation.py", "quality", "MaC-Cal ablation: each part of the reconstruction against its default, paired"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

@@ -26,6 +26,7 @@ SCRIPTS = {
     "defaults": "bench_defaults.py",  # the zoo's digits CNN (cached by the suite), 1 seed, 3-epoch fits
     "scale": "bench_scale.py",  # streams of 2k and 4k samples, memory measured in-process
     "safe_defaults": "bench_safe_defaults.py",  # the digits CNN's cached logits, 1 seed, peers where installed
+    "mac_cal_ablation": "bench_mac_cal_ablation.py",  # the digits CNN's cached features, 1 seed
     "gpu": "bench_gpu.py",  # on CPU with --quick: tiny models, marked as not GPU numbers
 }
 TABLE_RULE = re.compile(r"^\|(-{3,}:?\|)+$", re.MULTILINE)
