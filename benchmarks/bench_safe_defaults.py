@@ -52,7 +52,7 @@ from hf_calibrate import CalibratedModel
 from hf_calibrate.metrics import calibration_report
 
 NAME = "safe_defaults"
-OUR_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "auto")
+OUR_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic", "auto")
 METRICS = ("nll", "ece", "brier", "accuracy")
 MODELS = ("digits_cnn", "digits_vit", "bbc_minilm")
 #: per model → per seed → per method → {metric: value, "warnings": count}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .base import CALIBRATORS, Calibrator, InvalidOptionError, calibrator_class, options_to_dict, parse_options
 from .temperature import TemperatureScaling, fit_inverse_temperature
 from .linear import DirichletCalibration, MatrixScaling, RegularisedOptions, VectorScaling, fit_dirichlet, fit_matrix, fit_vector
+from .structured_vector import StructuredVectorScaling
 from .binning import HistogramBinning, IsotonicCalibration
 from .neural_clamping import NeuralClamping, focal_loss
 from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
@@ -33,6 +34,7 @@ __all__ = [
     "MatrixScaling",
     "NeuralClamping",
     "RegularisedOptions",
+    "StructuredVectorScaling",
     "TemperatureScaling",
     "TwoStageHead",
     "VariationalTwoStageHead",

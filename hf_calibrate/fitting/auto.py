@@ -25,6 +25,7 @@ from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, RegularisedOptions, calibrator_class
 from ..calibrators.base import FitContext, check_fields, check_fit_logits, require
 from ..calibrators.holdout import Fold, paired_difference, shown_below_zero, stratified_folds
+from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
 from ..data import CalibrationData
 from .engine import Engine
@@ -33,9 +34,10 @@ from .probing import probe
 
 #: the method name that asks for the choice
 AUTO = "auto"
-#: the candidates, simplest first: one temperature; a scale and a bias per class; a full linear map of the logits
-#: (matrix), or of the log-probabilities (Dirichlet); then the non-parametric maps, which may change predictions
-CANDIDATES = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
+#: the candidates, simplest first: one temperature; a scale and a bias per class, of the logits (vector) or of the
+#: smoothed log-probabilities (structured vector); a full linear map of the logits (matrix), or of the
+#: log-probabilities (Dirichlet); then the non-parametric maps, which may change predictions
+CANDIDATES = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
 #: the candidate every other must beat: the simplest, and the one that needs the least data
 REFERENCE = "temperature"
 #: what a fold's fit reports: nothing (the refit on all the data reports as any fit does)
@@ -205,7 +207,7 @@ def choose(scored: Sequence[Scored]) -> Choice:
     if not better:
         samples = len(reference)
         evidence = ("no other candidate's held-out NLL was lower than temperature scaling's beyond the 95 % interval of "
-                    "the paired difference" if samples >= 30 else f"{samples} samples are too few for an interval")
+                    "the paired difference" if samples >= MIN_INTERVAL_SAMPLES else f"{samples} samples are too few for an interval")
         return Choice(REFERENCE, f"{evidence}, so temperature scaling, the simplest, is kept.", versus)
     best = min(better, key=lambda method: float(nll[method].mean()))
     chosen = next(method for method in better if method == best or not _shown_worse(nll[method] - nll[best]))

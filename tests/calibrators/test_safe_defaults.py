@@ -22,7 +22,7 @@ from hf_calibrate.calibrators.requirements import (
     outlier_warnings,
 )
 
-LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
+LOGIT_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
 
 
 def nearly_separable(n: int = 450, classes: int = 10, errors: int = 3, seed: int = 0):

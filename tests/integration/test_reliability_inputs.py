@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_models import LABELS, image_data, tiny_timm  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LOGIT_METHODS = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic")
+LOGIT_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
 ALL_METHODS = tuple(CALIBRATORS)
 #: options that make every method's fit short (only reached where a check failed to stop it)
 FAST = {"neural_clamping": dict(epochs=1, holdout_fraction=0.0), "tst": dict(epochs=1), "vtst": dict(epochs=1), "mac_cal": dict(epochs=1)}

@@ -44,6 +44,7 @@ CASES = [
     ("timm", "tst"),
     ("vit", "vtst"),
     ("bert", "mac_cal"),
+    ("timm", "structured_vector"),
 ]
 # reference-only repos: the base lives in its own repo, pinned by commit
 REFERENCE_CASES = [("timm", "neural_clamping"), ("vit", "temperature")]
