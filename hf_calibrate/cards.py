@@ -289,6 +289,7 @@ def _results(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         if info.key in reporting.shown_metrics(evaluation)
     ]
     return {"rows": rows, "in_sample": evaluation["in_sample"], "n_bins": evaluation.get("n_bins"),
+            "in_sample_note": reporting.in_sample_note(evaluation) if evaluation["in_sample"] else None,
             "label": reporting.evaluated_on(evaluation),
             "calibration": reporting.calibration_label(evaluation),
             "intervals": reporting.bootstrap_note(evaluation),

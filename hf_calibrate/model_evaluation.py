@@ -165,7 +165,7 @@ def in_sample_rows(model: "CalibratedModel", data: Any, samples: int) -> Tuple[O
     fitted = model.fitted_on(data)
     if not fitted:
         return fitted, None
-    counted = shared_rows(reporting.data_source(data), [reference() for reference in model._fitted_data])
+    counted = shared_rows(reporting.data_source(data), model._fitted_sources())
     if counted is None or not counted.shared:  # the very data object, or a dataset with a recorded fingerprint
         return True, {"calibration": samples, "total": samples}
     return True, {"calibration": counted.shared, "total": counted.total}

@@ -30,7 +30,7 @@ from . import evaluation, model_evaluation, reporting
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .configuration import TASKS, CalibratedConfig
-from .data.lineage import holds_rows_of
+from .data.lineage import KeptRows, holds_rows_of
 from .fitting.calibrate import FittedCalibration, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
 from .hub_mixin import CalibratedHubMixin
 from .model_evaluation import EVALUATION_KEYWORDS, fit_and_evaluate
@@ -83,6 +83,8 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         self.last_evaluation: Optional[Dict[str, Any]] = None
         #: weak references to the data objects :meth:`fit` was given (see :meth:`fitted_on`)
         self._fitted_data: List[weakref.ref] = []
+        #: the content digests of those data's rows, where they are ``datasets`` data (see :meth:`_fitted_sources`)
+        self._fitted_rows: List[Optional[KeptRows]] = []
         #: the image processor or tokenizer saved beside the model (from fit or the saved folder)
         self.preprocessor: Any = None
         self.post_init()
@@ -158,7 +160,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             calibration_data: a ``DataLoader`` (of a map-style dataset), a torch ``Dataset`` or a
                 ``datasets.Dataset`` (see :mod:`hf_calibrate.data`). For the head methods this is the data the
                 new head is trained on (the papers use the training split).
-            method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``, ``"matrix"``,
+            method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``, ``"structured_vector"``, ``"matrix"``,
                 ``"dirichlet"``, ``"histogram"``, ``"isotonic"``, the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``,
                 or ``"auto"``: the logit method cross-fitted held-out NLL shows best (temperature scaling unless
                 another beats it beyond a paired 95 % interval; the model is of the chosen method, and
@@ -189,6 +191,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         calibrated = cls(fitted.config, model, fitted.calibrator).eval()
         calibrated.fit_summary, calibrated.provenance = fitted.summary, fitted.provenance
         calibrated.preprocessor, calibrated._fitted_data = fitted.preprocessor, fitted.fitted_data
+        calibrated._fitted_rows = fitted.fitted_rows
         return calibrated
 
     def fallback_note(self) -> Optional[str]:
@@ -199,18 +202,23 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         """Whether ``data`` are, or hold, data this calibration was fitted on: the very calibration, validation or
         temperature data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given);
         a ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded, so
-        this holds for a loaded model too); or ``datasets`` data derived from them in this session and holding at
-        least one of their rows (``select``, ``shuffle``, ``filter``, ``train_test_split``, ``to_iterable_dataset``:
-        :mod:`hf_calibrate.data.lineage`). None (unknown) for a ``datasets.IterableDataset`` whose rows cannot be
+        this holds for a loaded model too); or ``datasets`` data holding at least one of their rows in this session:
+        derived from them (``select``, ``shuffle``, ``filter``, ``train_test_split``, ``to_iterable_dataset``) or the
+        same rows copied (``map``, rebuilt), found by memory or by content — the rows' digests are kept at the fit, so
+        this holds after the calibration data object itself is gone (:mod:`hf_calibrate.data.lineage`). None (unknown) for a ``datasets.IterableDataset`` whose rows cannot be
         traced (a streamed ``load_dataset``, or an iterable mapped, filtered, skipped or taken)."""
         identity = reporting.data_identity(data)
-        fitted = [reference() for reference in self._fitted_data]
-        if any(item is identity for item in fitted):
+        if any(reference() is identity for reference in self._fitted_data):
             return True
         fingerprint = reporting.data_fingerprint(data)
         if fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ()):
             return True
-        return holds_rows_of(reporting.data_source(data), fitted)
+        return holds_rows_of(reporting.data_source(data), self._fitted_sources())
+
+    def _fitted_sources(self) -> List[Any]:
+        """The data objects :meth:`fit` was given that are still alive, and the kept row digests of those that are gone."""
+        kept = self._fitted_rows or [None] * len(self._fitted_data)
+        return [reference() if reference() is not None else rows for reference, rows in zip(self._fitted_data, kept)]
 
     # -------------------------------------------------- evaluation
     def evaluate(

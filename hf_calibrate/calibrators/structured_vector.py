@@ -30,14 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import lbfgs
-from .base import Calibrator, Range, check_fields, ranged
-from .linear import LINEAR_REQUIREMENTS
-from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_method_beta
+from .base import Calibrator, Range, check_fields, ranged, require
+from .requirements import DataRequirements
+from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_warnings
 
 #: λ: finite and non-negative, at most 1e6 (0: no ridge)
 STRENGTH = Range(0.0, 1e6)
 #: s of the mixture weight ε = s / (N + 1): at most 1, so that ε < 1 on any data (0: no mixture)
 SMOOTHING = Range(0.0, 1.0)
+#: a scale offset or bias beyond this, with no ridge, means the data (nearly) separate some class
+LARGE_PARAMETER = 100.0
 
 
 def smoothed_log_probabilities(logits: torch.Tensor, beta: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
@@ -54,25 +56,26 @@ class StructuredVectorScaling(Calibrator):
 
     method = "structured_vector"
     title = "structured vector scaling"
-    description = ("Each class's temperature-scaled log-probability, smoothed by a uniform mixture of weight 1/(N + 1), "
-                   "gets its own scale and bias, fitted on the NLL with a fixed ridge towards temperature scaling "
-                   "(Berta, Holzmüller, Jordan & Bach, 2026).")
+    description = ("Each class's temperature-scaled log-probability, smoothed by a small uniform mixture (weight "
+                   "1/(N + 1) by default), gets its own scale and bias, fitted on the NLL with a fixed ridge towards "
+                   "temperature scaling (Berta, Holzmüller, Jordan & Bach, 2026).")
     citation = (
         "@inproceedings{berta2026structured, title={Structured Matrix Scaling for Multi-Class Calibration}, author={Berta, "
         "Eug{\\`e}ne and Holzm{\\\"u}ller, David and Jordan, Michael I. and Bach, Francis}, booktitle={AISTATS}, year={2026}}"
     )
-    requirements = LINEAR_REQUIREMENTS
+    #: as the linear maps', without advised rows: nothing is selected on held-out data
+    requirements = DataRequirements(rows=10, classes=2, errors=1, per_class=True)
 
     @dataclasses.dataclass
     class Options:
         """Fit options of structured vector scaling (defaults: probmetrics' ``svs``).
 
         Attributes:
-            l2: λ of the ridge λ · (C / N) · (‖v‖₂² + ‖b‖₂²) on the per-class scale offsets v and biases b
-                (default 1.0; 0 fits them on the NLL alone, unbounded on separable data).
+            l2: λ of the ridge λ · (C / N) · (‖v‖₂² + ‖b‖₂²) on the per-class scale offsets v and biases b,
+                in [0, 1e6] (default 1.0; 0 fits them on the NLL alone, unbounded on separable data).
             smoothing: s of the uniform mixture weight ε = s / (N + 1) applied to the temperature-scaled
                 probabilities before their log, in [0, 1] (default 1.0; 0 uses the log-probabilities as they are).
-            max_iter: L-BFGS iterations at most (default 500).
+            max_iter: L-BFGS iterations at most, at least 1 (default 500).
         """
 
         l2: float = ranged(1.0, STRENGTH)
@@ -81,6 +84,7 @@ class StructuredVectorScaling(Calibrator):
 
         def __post_init__(self) -> None:
             check_fields(self)
+            require(self.max_iter >= 1, "max_iter", self.max_iter, "an integer >= 1")
 
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
@@ -96,7 +100,9 @@ class StructuredVectorScaling(Calibrator):
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "StructuredVectorScaling.Options") -> Dict[str, Any]:
         rows, classes = logits.shape
         work = logits.detach().double()
-        beta = temperature_method_beta(work, labels)
+        fitted_beta, _ = fit_inverse_temperature(work, labels)
+        separable = is_separable_fit(fitted_beta, work, labels)
+        beta = 1.0 if separable else fitted_beta  # as the temperature method keeps it
         epsilon = torch.tensor(options.smoothing / (rows + 1), dtype=torch.float64, device=work.device)
         x = smoothed_log_probabilities(work, torch.tensor(beta, dtype=torch.float64, device=work.device), epsilon)
         strength = options.l2 * classes / rows
@@ -106,7 +112,11 @@ class StructuredVectorScaling(Calibrator):
             return F.cross_entropy(x * (1 + offset) + bias, labels) + strength * (offset.square().sum() + bias.square().sum())
 
         summary = lbfgs.minimise([offset, bias], objective, options.max_iter, "structured vector scaling")
-        lines = [separable_message(rows)] if beta == 1.0 and is_separable_fit(fit_inverse_temperature(work, labels)[0], work, labels) else []
+        lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method)
+        largest = float(torch.cat([offset.detach(), bias.detach()]).abs().max())
+        if largest > LARGE_PARAMETER:
+            lines.append(f"structured_vector: a per-class scale offset or bias reached {largest:.3g}: the data (nearly) "
+                         f"separate some class at l2={options.l2:g}; pass a larger l2 (the default is 1).")
         if not summary["converged"]:
             lines.append(f"structured_vector: the fit stopped after max_iter={options.max_iter} iterations without converging; "
                          "pass a larger max_iter or a larger l2.")

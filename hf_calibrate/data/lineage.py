@@ -43,6 +43,25 @@ _DIGESTS: "OrderedDict[Tuple[str, Tuple[str, ...]], np.ndarray]" = OrderedDict()
 Segment = Tuple[np.ndarray, np.ndarray]
 
 
+class KeptRows(NamedTuple):
+    """Calibration rows kept by content for the session (:func:`keep_rows`), so that they are still known once the
+    data object itself is gone (data passed inline to ``fit``): 16 bytes per row."""
+
+    types: Tuple[Tuple[str, Any], ...]  #: (name, Arrow type) of every column, by name
+    digests: np.ndarray  #: (N,) ``S16`` :func:`row_digests` of the rows over those columns
+
+
+def keep_rows(data: Any) -> Optional[KeptRows]:
+    """The content digests of the rows of ``datasets`` data (a ``Dataset``, or an iterable over ``Dataset`` shards),
+    over all their columns; None for other data, or a stream whose rows cannot be traced."""
+    parts = _parts(data)
+    if not parts:
+        return None
+    types = tuple(sorted((field.name, field.type) for field in parts[0].data.table.schema))
+    columns = tuple(name for name, _ in types)
+    return KeptRows(types, np.concatenate([np.empty(0, dtype="S16"), *(row_digests(part, columns) for part in parts)]))
+
+
 class SharedRows(NamedTuple):
     """How many rows of some data are rows of the calibration data."""
 
@@ -51,12 +70,12 @@ class SharedRows(NamedTuple):
 
 
 def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
-    """The rows of ``datasets`` ``data`` that are rows of the ``fitted`` data objects (None entries: objects gone),
-    found by memory or by content (module docstring).
+    """The rows of ``datasets`` ``data`` that are rows of the ``fitted`` data objects (None entries: objects gone) or of
+    their :class:`KeptRows`, found by memory or by content (module docstring).
 
     None when they cannot be counted: ``data`` are not ``datasets`` data or a stream whose rows cannot be traced,
     or no row was found and the rows of some fitted ``datasets`` data cannot be compared with theirs (a stream, or
-    no columns to compare). With no fitted ``datasets`` data alive, nothing is found: (0, rows).
+    no columns to compare). With no fitted ``datasets`` data alive and no kept rows, nothing is found: (0, rows).
     """
     parts = _parts(data)
     if parts is None:
@@ -65,6 +84,12 @@ def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
     shared = np.zeros(len(keys), dtype=bool)
     comparable = True
     for item in fitted:
+        if isinstance(item, KeptRows):
+            columns = _kept_columns(item, parts[0])
+            comparable = comparable and columns is not None
+            if columns is not None:
+                shared |= np.isin(np.concatenate([row_digests(piece, columns) for piece in parts]), item.digests)
+            continue
         other = _parts(item) if _is_datasets(item) else []
         if other is None:
             comparable = False
@@ -170,6 +195,12 @@ def _common_columns(first: Any, second: Any) -> Optional[Tuple[str, ...]]:
     types = [{field.name: field.type for field in dataset.data.table.schema} for dataset in (first, second)]
     common = tuple(sorted(name for name, kind in types[0].items() if types[1].get(name) == kind))
     return common if common and len(common) in (len(types[0]), len(types[1])) else None
+
+
+def _kept_columns(kept: KeptRows, dataset: Any) -> Optional[Tuple[str, ...]]:
+    """The kept rows' columns (by name) when ``dataset`` has every one of them with the same Arrow type, else None."""
+    types = {field.name: field.type for field in dataset.data.table.schema}
+    return tuple(name for name, _ in kept.types) if all(types.get(name) == kind for name, kind in kept.types) else None
 
 
 def _memory_keys(dataset: Any) -> np.ndarray:

@@ -25,9 +25,9 @@ from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, RegularisedOptions, calibrator_class
 from ..calibrators.base import FitContext, check_fields, check_fit_logits, require
 from ..calibrators.holdout import Fold, paired_difference, shown_below_zero, stratified_folds
-from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
 from ..data import CalibrationData
+from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from .engine import Engine
 from .families import fit_on_cached_logits
 from .probing import probe

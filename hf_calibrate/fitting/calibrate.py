@@ -30,6 +30,7 @@ from ..calibrators import Calibrator, calibrator_class, options_to_dict, parse_o
 from ..calibrators.neural_clamping import recorded_select_metric
 from ..configuration import TASKS, CalibratedConfig
 from ..data import CalibrationData, model_label_names, prepare_data
+from ..data.lineage import KeptRows, keep_rows
 from ..data.sources import is_one_shot
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
@@ -65,6 +66,8 @@ class FittedCalibration:
         provenance: what the fit ran on and with (``CalibratedModel.provenance``; the record's ``fit``).
         preprocessor: the image processor or tokenizer to save beside the model (or None).
         fitted_data: weak references to the data objects the fit was given (``CalibratedModel.fitted_on``).
+        fitted_rows: for each of them, the content digests of its rows when it is ``datasets`` data (else None), so
+            that its rows are still known once the object is gone (:func:`hf_calibrate.data.lineage.keep_rows`).
         kept: the base logits (N, C) float32 and labels (N,) of every calibration sample in dataset order,
             when asked to keep them and the fit computed all of them; else None.
     """
@@ -75,6 +78,7 @@ class FittedCalibration:
     provenance: Dict[str, Any]
     preprocessor: Any
     fitted_data: List[weakref.ref]
+    fitted_rows: List[Optional[KeptRows]]
     kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -209,7 +213,8 @@ def fit_calibration(
     provenance["input_contract"] = contract
     if data.class_names and model_label_names(backbone) is None:
         summary["class_names"] = "the calibration data's (the base model records none)"
-    identities = (reporting.data_identity(source) for source in data_sources if source is not None)
+    identities = [identity for identity in (reporting.data_identity(source) for source in data_sources if source is not None)
+                  if _weakly_referable(identity)]
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
         warn_user(f"{note} {reporting.fallback_advice(summary)}", TemperatureScalingFallbackWarning)
@@ -221,7 +226,8 @@ def fit_calibration(
         summary=summary,
         provenance=provenance,
         preprocessor=preprocessor,
-        fitted_data=[weakref.ref(identity) for identity in identities if _weakly_referable(identity)],
+        fitted_data=[weakref.ref(identity) for identity in identities],
+        fitted_rows=[keep_rows(identity) if engine.is_main else None for identity in identities],
         kept=kept,
     )
 

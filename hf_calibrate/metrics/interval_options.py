@@ -67,7 +67,7 @@ def check_replicates(value: Any, name: str = "replicates", *, allow_zero: bool =
         what = "a non-negative integer (0 turns intervals off)" if allow_zero else "a positive integer"
         raise ValueError(f"{name} must be {what}, got {value!r}.")
     if value > MAX_REPLICATES:
-        raise ValueError(f"{name} must be at most {MAX_REPLICATES:,} replicates, got {value!r}: 1,000 (the default) give "
+        raise ValueError(f"{name} must be at most {MAX_REPLICATES:,}, got {value!r}: 1,000 (the default) give "
                          "interval ends to about ±0.01 of their coverage; pass e.g. 1000 or 10000.")
     return int(value)
 

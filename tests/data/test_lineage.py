@@ -182,3 +182,18 @@ def test_shared_rows_count_rows_by_memory_and_by_content(calibration):
     assert shared_rows(calibration.map(lambda row: row).select(range(40, 50)), [calibration]) == (10, 10)
     assert shared_rows(_table(1), [calibration]) == (0, ROWS)
     assert shared_rows(calibration.to_iterable_dataset().skip(3), [calibration]) is None
+
+
+def test_rows_of_calibration_data_passed_inline_are_known_after_the_object_is_gone():
+    """``fit(model, full.select(range(80)))``: the selected dataset is gone after the fit, but its rows' digests were
+    kept, so data holding them still count as in-sample (and other rows of the same table do not)."""
+    import gc
+
+    full = _table(2)
+    torch.manual_seed(0)
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), full.select(range(80)), method="temperature", progress=False)
+    gc.collect()
+    assert all(reference() is None for reference in model._fitted_data)
+    result = model.evaluate(full, bootstrap=0, progress=False)
+    assert (result["in_sample"], result["in_sample_rows"]) == (True, {"calibration": 80, "total": ROWS})
+    assert model.evaluate(full.select(range(80, ROWS)), bootstrap=0, progress=False)["in_sample"] is False

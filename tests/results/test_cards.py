@@ -318,7 +318,7 @@ def in_sample_folder(vit, tmp_path_factory) -> Path:
 def test_in_sample_results_are_labelled_in_the_card_and_model_index(in_sample_folder):
     card = _card(in_sample_folder)
     assert "**In-sample results.** Evaluated on **digits-16px, calibration split, 64 samples**" in card.text
-    assert "optimistic" in card.text and "(in-sample)" in card.text  # the diagram's alt text too
+    assert "optimistic" in card.text and "calibration (in-sample: data the calibration was fitted on, so optimistic)](" in card.text  # the alt text
     for result in card.data.eval_results:
         assert result.dataset_name == "digits-16px (in-sample: the calibration data)" and "in-sample" in result.metric_name
     record = json.loads((in_sample_folder / "calibration_config.json").read_text())
@@ -480,3 +480,6 @@ def test_a_partly_in_sample_evaluation_keeps_its_count_in_the_record_and_the_mod
     expected = {"rows (partly in-sample: 30 of 150 rows are calibration data)"}
     assert {result.dataset_name for result in _card(tmp_path / "model").data.eval_results} == expected
     assert {result.dataset_name for result in cards.render_card(record).data.eval_results} == expected
+    text = (tmp_path / "model" / "README.md").read_text(encoding="utf-8")
+    assert "partly in-sample: 30 of 150 rows are data the calibration was fitted on, so optimistic." in text
+    assert {result.metric_name.endswith("partly in-sample)") for result in _card(tmp_path / "model").data.eval_results} == {True}
