@@ -24,7 +24,7 @@ def _load_model(args: argparse.Namespace, state: Any) -> LoadedModel:
 
     with state.main_process_first():
         return load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained,
-                          num_classes=args.num_classes)
+                          num_classes=args.num_classes, allow_unverified=getattr(args, "allow_unverified", False))
 
 
 def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:

@@ -141,6 +141,10 @@ def _model_arguments(parser: argparse.ArgumentParser, *, calibrated_too: bool) -
     group.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=True,
                        help="timm architecture names: load the pretrained weights (default) or random ones")
     group.add_argument("--num-classes", type=int, help="timm architecture names: number of classes of the new head")
+    if calibrated_too:
+        group.add_argument("--allow-unverified", action="store_true",
+                           help="load a calibration saved before records carried digests (format 1): its values are still "
+                                "checked against its tensors and base, and a warning says it is unverified")
 
 
 def _data_arguments(parser: argparse.ArgumentParser, split_help: str) -> None:

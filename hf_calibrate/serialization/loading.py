@@ -68,7 +68,8 @@ def _check_unverified(path: Path, allow_unverified: bool) -> None:
         raise ArtifactError(
             f"{path} is a format-1 record, written before records carried digests: nothing can prove it was not edited "
             "(a changed label or temperature would load silently). If you trust the folder, pass "
-            f"allow_unverified=True to from_pretrained (its values are still checked against its tensors and base), then {seal}."
+            f"allow_unverified=True to from_pretrained, or --allow-unverified to hf-calibrate (its values are still checked "
+            f"against its tensors and base), then {seal}."
         )
     warn_user(
         f"{path} was loaded unverified: it was written before digests (format 1), so edits to it cannot be detected; "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from _files import write_image_folder
+from _files import format_one_artifact, write_image_folder
 from _results import flat, table_values
 
 from hf_calibrate.cli import main, parse_option
@@ -283,6 +283,23 @@ def test_evaluate_on_the_calibration_split_is_in_sample(in_sample_fallback):
     assert_ok(result)
     assert json.loads(result.stdout)["in_sample"] is True
     assert "warning: these results are in-sample" in result.stderr
+
+
+def test_a_calibration_saved_before_digests_loads_only_with_allow_unverified(fitted, digits_folder, tmp_path):
+    """A format-1 folder is refused naming the CLI's own flag; with ``--allow-unverified`` it is evaluated, and a warning
+    line says it is unverified."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(fitted["output"], old)
+    format_one_artifact(old)
+    command = ("evaluate", "--model", str(old), "--dataset", str(digits_folder), "--split", "test", "--json", "--no-progress",
+               "--bootstrap", "0")
+    assert_user_error(run_cli(*command), "format-1 record", "--allow-unverified")
+    result = run_cli(*command, "--allow-unverified")
+    assert_ok(result)
+    assert json.loads(result.stdout)["calibrated"]["num_samples"] > 0
+    assert "warning:" in result.stderr and "loaded unverified" in result.stderr
 
 
 def test_evaluate_json_is_the_whole_evaluation(local_evaluation):

@@ -39,7 +39,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import functools
 import hashlib
 import json
 import math
@@ -61,10 +60,10 @@ from safetensors.torch import save as save_safetensors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python tests/serialization/test_reliability_artifacts.py`
 import _tiny_models as tm  # noqa: E402
+from _files import format_one_artifact  # noqa: E402
 
 from hf_calibrate import CalibratedModel  # noqa: E402
 from hf_calibrate.serialization import ArtifactError  # noqa: E402
-from hf_calibrate.serialization.schema import RECORD_SCHEMA  # noqa: E402
 
 CONFIG, WEIGHTS, JOURNAL, STAGING = "calibration_config.json", "calibration.safetensors", ".hf_calibrate-journal.json", ".hf_calibrate-staging-"
 OUTCOMES = ("refused clearly", "handled correctly", "silent bad result", "files lost", "unclear error")
@@ -259,19 +258,6 @@ def truncate(name: str) -> Callable[[Path], None]:
 def loop_link(folder: Path) -> None:
     os.symlink(".", folder / "loop")
     set_key("files.base", "loop")(folder)
-
-
-def format_one_artifact(folder: Path) -> None:
-    """Turn a saved artifact into what format 1 wrote (no manifest, no digests, no format-2 keys, version 1)."""
-    record = json.loads((folder / CONFIG).read_text())
-    record["format_version"] = 1
-    for path in (path for path, field in RECORD_SCHEMA.items() if field.since >= 2):  # every key format 2 added
-        *parents, key = path.split(".")
-        holder = functools.reduce(lambda part, name: part.get(name) or {}, parents, record)
-        holder.pop(key, None)
-    record.pop("record_sha256", None)
-    record.pop("evaluation", None)
-    (folder / CONFIG).write_text(json.dumps(record))
 
 
 def downgraded_to_format_one(folder: Path) -> None:
