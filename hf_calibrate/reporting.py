@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from .metrics.catalog import CARD_METRICS, METRIC_CATALOG
 
@@ -64,7 +64,12 @@ def fallback_advice(summary: Mapping[str, Any], cli: bool = False) -> str:
 
 
 def data_source(data: Any) -> Any:
-    """The dataset behind ``data`` (a DataLoader's dataset, else ``data`` itself)."""
+    """The dataset behind ``data``: a DataLoader's samples (its dataset, or the part its sampler reads:
+    :func:`hf_calibrate.data.mapped.loader_dataset`), else ``data`` itself."""
+    if isinstance(data, DataLoader) and not isinstance(data.dataset, IterableDataset):
+        from .data.mapped import loader_dataset
+
+        return loader_dataset(data)
     return data.dataset if isinstance(data, DataLoader) else data
 
 

@@ -90,7 +90,7 @@ def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
             if columns is not None:
                 shared |= np.isin(np.concatenate([row_digests(piece, columns) for piece in parts]), item.digests)
             continue
-        other = _parts(item) if _is_datasets(item) else []
+        other = _parts(item) if _is_datasets(item) or _is_datasets_subset(item) else []
         if other is None:
             comparable = False
             continue
@@ -232,10 +232,17 @@ def _is_datasets(data: Any) -> bool:
     return type(data).__module__.split(".")[0] == "datasets"
 
 
+def _is_datasets_subset(data: Any) -> bool:
+    """A torch ``Subset`` of a ``datasets.Dataset`` (e.g. the part of a DataLoader's dataset its sampler reads)."""
+    return type(data).__name__ == "Subset" and type(getattr(data, "dataset", None)).__name__ == "Dataset" and _is_datasets(data.dataset)
+
+
 def _parts(data: Any) -> Optional[List[Any]]:
     """The ``datasets.Dataset`` objects whose rows are the rows of ``data`` (itself, or the shards an iterable
     reads); None when unknown (not ``datasets`` data, or a stream that may drop or change rows)."""
     kind = type(data).__name__
+    if _is_datasets_subset(data):
+        return [data.dataset.select([int(index) for index in data.indices])]  # the same Arrow memory, an index mapping
     if not _is_datasets(data):
         return None
     if kind == "Dataset":

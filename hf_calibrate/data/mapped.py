@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler, Subset, WeightedRandomSampler
 from torch.utils.data._utils.collate import default_collate
 
+from .._errors import UserError
 from ..backbones import Backbone, Inputs
 from ..metrics._checks import describe_positions
 from .batches import Batch, collate_rows, in_batches, pad_token_id, sample_collate, split_batch, tensor_bytes
@@ -117,16 +118,34 @@ def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_byte
     )
 
 
+def loader_dataset(loader: DataLoader) -> Any:
+    """The samples a ``DataLoader`` over a map-style dataset yields, as a map-style dataset: its dataset when its sampler
+    reads every sample once (in order or shuffled), else a ``Subset`` of the indices its sampler or batch sampler yields,
+    in index order (a ``SubsetRandomSampler``'s part, a custom sampler's). ``drop_last`` is not applied: every sample
+    is used. A sampler drawing with replacement (a different multiset each epoch) is refused, naming the fix."""
+    batches = loader.batch_sampler
+    sampler = batches.sampler if isinstance(batches, BatchSampler) else loader.sampler if batches is None else None
+    if isinstance(sampler, WeightedRandomSampler) or getattr(sampler, "replacement", False):
+        raise UserError(f"a DataLoader whose {type(sampler).__name__} draws samples with replacement: calibration reads "
+                        "each sample once. Pass a DataLoader without that sampler, or a Subset of the samples to use.")
+    if isinstance(sampler, SequentialSampler) or (isinstance(sampler, RandomSampler) and len(sampler) == len(loader.dataset)):
+        return loader.dataset
+    drawn = batches if batches is not None else loader.sampler
+    indices = sorted(int(index) for item in drawn for index in (item if isinstance(item, (list, tuple)) else [item]))
+    return Subset(loader.dataset, indices)
+
+
 def loader_samples(loader: DataLoader, backbone: Backbone) -> PreparedData:
-    """A ``DataLoader`` over a map-style dataset of samples: its dataset and collate (ours when it does not batch),
-    batched by our own indices."""
-    description = f"DataLoader({type(loader.dataset).__name__}, {len(loader.dataset)} samples)"
+    """A ``DataLoader`` over a map-style dataset of samples (:func:`loader_dataset`): its samples and collate (ours
+    when it does not batch), batched by our own indices."""
+    dataset = loader_dataset(loader)
+    description = f"DataLoader({type(loader.dataset).__name__}, {len(dataset)} samples)"
     if loader.batch_size is None and loader.batch_sampler is None:  # its collate_fn only converts single samples
-        return PreparedData(loader.dataset, sample_collate(backbone), description)
+        return PreparedData(dataset, sample_collate(backbone), description)
     collate = loader.collate_fn or default_collate
     size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)  # the user's batches, for messages
     in_order = loader.batch_size is not None and isinstance(loader.sampler, SequentialSampler) and not loader.drop_last
-    return PreparedData(loader.dataset, lambda items: split_batch(collate(items), backbone, size), description,
+    return PreparedData(dataset, lambda items: split_batch(collate(items), backbone, size), description,
                         user_batch=size if in_order else None)
 
 

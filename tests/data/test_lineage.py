@@ -197,3 +197,22 @@ def test_rows_of_calibration_data_passed_inline_are_known_after_the_object_is_go
     result = model.evaluate(full, bootstrap=0, progress=False)
     assert (result["in_sample"], result["in_sample_rows"]) == (True, {"calibration": 80, "total": ROWS})
     assert model.evaluate(full.select(range(80, ROWS)), bootstrap=0, progress=False)["in_sample"] is False
+
+
+def test_a_loaders_sampler_decides_which_rows_are_read_and_counted():
+    """A DataLoader with a SubsetRandomSampler reads only that part (fit and evaluate), and its rows are counted as
+    calibration rows by what the sampler reads; a sampler drawing with replacement is refused with the fix."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler, WeightedRandomSampler
+
+    from hf_calibrate._errors import UserError
+
+    full = _table(3).with_format("torch")
+    torch.manual_seed(0)
+    part = DataLoader(full, batch_size=16, sampler=SubsetRandomSampler(range(0, 60)))
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), part, method="temperature", progress=False)
+    assert model.provenance["num_samples"] == 60
+    other = model.evaluate(DataLoader(full, batch_size=16, sampler=SubsetRandomSampler(range(40, 100))), bootstrap=0, progress=False)
+    assert other["calibrated"]["num_samples"] == 60
+    assert (other["in_sample"], other["in_sample_rows"]) == (True, {"calibration": 20, "total": 60})
+    with pytest.raises(UserError, match="WeightedRandomSampler draws samples with replacement"):
+        model.evaluate(DataLoader(full, batch_size=16, sampler=WeightedRandomSampler([1.0] * ROWS, ROWS)), bootstrap=0)
