@@ -122,7 +122,7 @@ def _score_indexed(scorer: Scorer, engine: Engine, data: CalibrationData, accumu
         for _, micro_batches in passes:
             for micro, inputs, labels in micro_batches:
                 base_logits, calibrated_logits = _logit_pair(scorer, engine, inputs, micro, kept)
-                bad = engine.note_label_faults(labels, num_classes)
+                bad = engine.note_label_faults(labels, num_classes, getattr(data, "role", "data"), micro)
                 for side, logits in _named_sides(scorer, base_logits, calibrated_logits):
                     bad |= note_nonfinite_outputs(engine.faults, data, logits, micro, side)
                 if not bad:

@@ -242,7 +242,7 @@ class Engine:
                     with self.autocast():
                         rows = compute(inputs).float()
                     if num_classes is not None:
-                        self.note_label_faults(labels, num_classes)
+                        self.note_label_faults(labels, num_classes, getattr(data, "role", "data"), micro)
                     positions.append(torch.as_tensor(micro, device=self.device))
                     outputs.append(rows)
                     targets.append(labels)
@@ -307,7 +307,7 @@ class Engine:
         else:
             parts = list(self.stream(data, indices, compute, description=description, what=what))
             logits, labels = torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
-        self.check_labels(labels, logits.shape[1])
+        self.check_labels(labels, logits.shape[1], getattr(data, "role", "data"), indices)
         if delta is None and self.kept_logits is not None:
             self.kept_logits.add(data, indices, logits, labels)
         return logits, labels
@@ -353,21 +353,30 @@ class Engine:
         """Collective: every process raises the bad data any process noted since the last call."""
         self.faults.raise_agreed(self.device)
 
-    def note_label_faults(self, labels: torch.Tensor, num_classes: int) -> bool:
-        """Note labels that do not fit a ``num_classes`` model (raised at :meth:`sync_faults`); True when bad."""
+    def note_label_faults(self, labels: torch.Tensor, num_classes: int, role: str = "data",
+                          indices: Optional[Sequence[int]] = None) -> bool:
+        """Note labels that do not fit a ``num_classes`` model (raised at :meth:`sync_faults`), naming the data's
+        ``role`` and the samples' positions ``indices``; True when bad."""
         try:
-            self.check_labels(labels, num_classes)
+            self.check_labels(labels, num_classes, role, None if indices is None else torch.as_tensor(indices))
         except ValueError as error:
             self.faults.note(ValueError, str(error))
             return True
         return False
 
     @staticmethod
-    def check_labels(labels: torch.Tensor, num_classes: int) -> None:
+    def check_labels(labels: torch.Tensor, num_classes: int, role: str = "data",
+                     indices: Optional[torch.Tensor] = None) -> None:
+        """Refuse labels that are not class indices of a ``num_classes`` model, naming the ``role`` of the data and the
+        positions (``indices``: the samples' positions in the data) of the first bad ones."""
         try:
             check_labels(labels, num_classes)
         except ValueError as error:
-            raise ValueError(f"the data's labels do not match the model: {error}") from None
+            where = ""
+            if indices is not None and labels.ndim == 1 and not labels.is_floating_point():
+                bad = ((labels < 0) | (labels >= num_classes)).nonzero().flatten()[:5]
+                where = f" (sample(s) {', '.join(str(int(indices[i])) for i in bad)})" if len(bad) else ""
+            raise ValueError(f"the {role}'s labels do not match the model{where}: {error}") from None
 
 
 def steps_per_epoch(count: int, batch_size: int) -> int:

@@ -32,7 +32,8 @@ def test_empty_calibration_data(cnn):
 
 def test_labels_outside_the_models_labels(cnn):
     bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 3, 0, 1, 2, 0]))
-    with pytest.raises(ValueError, match=r"labels do not match the model: label 3 is outside the valid range \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"^the calibration data's labels do not match the model \(sample\(s\) 3\): label 3 is "
+                                         r"outside the valid range \[0, 2\]"):
         CalibratedModel.fit(cnn, bad, method="temperature", progress=False)
 
 
@@ -53,10 +54,10 @@ def test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch(cnn):
 
 
 def test_evaluation_errors_do_not_call_the_data_calibration_data(cnn, data):
-    """evaluate's data are not calibration data: its label and emptiness errors name "the data"."""
+    """evaluate's data are not calibration data: its label and emptiness errors name the evaluation data."""
     calibrated = CalibratedModel.fit(cnn, data, method="temperature", progress=False)
     bad = TensorDataset(torch.randn(8, 3, 16, 16), torch.tensor([0, 1, 2, 7, 0, 1, 2, 0]))
-    with pytest.raises(ValueError, match=r"^the data's labels do not match the model: label 7 is outside") as error:
+    with pytest.raises(ValueError, match=r"^the evaluation data's labels do not match the model \(sample\(s\) 3\): label 7 is outside") as error:
         calibrated.evaluate(bad, bootstrap=0, progress=False)
     with pytest.raises(ValueError, match=r"^the evaluation data \(TensorDataset\) hold no samples") as empty:
         calibrated.evaluate(TensorDataset(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.long)), progress=False)
