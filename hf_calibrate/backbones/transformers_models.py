@@ -187,8 +187,10 @@ class TransformersTextBackbone(_TransformersBackbone):
         bare IndexError)."""
         for key, size in self.token_vocabularies().items():
             ids = inputs.get(key)
-            if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
+            if not isinstance(ids, torch.Tensor) or ids.numel() == 0:
                 continue
+            if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+                raise ValueError(f"{key} must hold integer token ids, got dtype {ids.dtype}: convert them with .long().")
             low, high = (int(value) for value in torch.stack(torch.aminmax(ids)).tolist())
             if low < 0 or high >= size:
                 raise ValueError(f"{key} holds token id {low if low < 0 else high}, {outside_vocabulary(key, size)}")

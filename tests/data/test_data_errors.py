@@ -198,3 +198,11 @@ def test_token_type_ids_outside_the_models_token_types_name_the_samples_and_the_
             "forward": "token_type_ids holds token id 1, outside"}[call]
     assert said in message, message
     assert "this model's 1 token type(s) (ids 0 to 0)" in message and "drop token_type_ids" in message, message
+
+
+def test_float_token_ids_are_refused_naming_the_fix(one_token_type_bert):
+    """Float token_type_ids reached the embedding's bare 'Expected tensor ... Long, Int' RuntimeError."""
+    ids = torch.randint(1, 50, (4, 7), generator=torch.Generator().manual_seed(0))
+    calibrated = CalibratedModel.fit(one_token_type_bert, [{"input_ids": ids, "labels": torch.tensor([0, 1, 2, 0])}], **FIT)
+    with pytest.raises(ValueError, match=r"token_type_ids must hold integer token ids, got dtype torch.float32: convert them"):
+        calibrated(input_ids=ids, token_type_ids=torch.zeros(4, 7))
