@@ -6,7 +6,7 @@ Two measurements, interleaved rounds in one process (ratios are paired per round
   scaling fitted on its calibration split, evaluated on its 450-sample test split — the base's
   forward pass included, as a user runs it;
 * **the metrics alone**: the two accumulators an evaluation feeds and their summary
-  (``hf_calibrate.evaluation.accumulators`` / ``summarize``), on N synthetic 10-class logits in
+  (``hf_calibrate.results.evaluation.accumulators`` / ``summarize``), on N synthetic 10-class logits in
   batches of 256 — what the bootstrap adds per sample, without any model.
 
 smECE's intervals are not part of an evaluation (on request, docs/design.md §2); the last table
@@ -29,7 +29,7 @@ from torch.utils.data import TensorDataset
 import _report
 
 from hf_calibrate import CalibratedModel
-from hf_calibrate.evaluation import accumulators, summarize
+from hf_calibrate.results.evaluation import accumulators, summarize
 from hf_calibrate.metrics import bootstrap_intervals
 
 NAME = "evaluate_cost"

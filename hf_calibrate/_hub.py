@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from . import cards
+from .results import cards
 from ._atomic import write_text_atomically
 from .serialization import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError, list_files, owned_files
 
@@ -197,7 +197,7 @@ def push_evaluation_results(
             :func:`results_target`.
         evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split), or the ``evaluate``
             evaluator's results of the base's and the calibrated model's pipelines, converted by
-            :func:`hf_calibrate.evaluator.as_evaluation`.
+            :func:`hf_calibrate.results.evaluator.as_evaluation`.
         token, revision: as for any hub call; ``revision`` is the branch read and written.
         commit_message: default "Update evaluation results (hf_calibrate)".
 
@@ -210,7 +210,7 @@ def push_evaluation_results(
     if not evaluation or "calibrated" not in evaluation or "uncalibrated" not in evaluation:
         raise ValueError(
             "evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated'), or evaluator "
-            "results converted by hf_calibrate.evaluator.as_evaluation(...)."
+            "results converted by hf_calibrate.results.evaluator.as_evaluation(...)."
         )
     checked = target if isinstance(target, ResultsTarget) else results_target(target, token=token, revision=revision)
     if checked.folder is not None:

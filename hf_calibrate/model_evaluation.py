@@ -6,7 +6,7 @@ calibrated preprocessing made the default, one :class:`~hf_calibrate.fitting.Eng
 the base's and the calibrated model's logits added to a before/after pair of accumulators
 (:mod:`hf_calibrate.scoring`). :meth:`CalibratedModel.evaluate` and
 :func:`~hf_calibrate.modeling.fit_and_evaluate` summarize the pair (:func:`evaluate_model`);
-:func:`hf_calibrate.comparison.compare` pairs the calibrated sides of several models. An uncalibrated
+:func:`hf_calibrate.results.comparison.compare` pairs the calibrated sides of several models. An uncalibrated
 model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same pass
 (:func:`hf_calibrate.scoring.evaluate_plain_model`).
 
@@ -18,11 +18,11 @@ model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same
      "calibration_dataset": str, "calibration_split": str or None,
      "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}
 
-where ``in_sample`` is True when the data hold rows the fit used (:func:`in_sample_rows`), and
+where ``in_sample`` is True when the data hold rows the fit used (:func:`hf_calibrate.results.reporting.in_sample_rows`), and
 ``in_sample_rows`` says how many of their rows those are (None when ``in_sample`` is not True, or was
 given); metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
 their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads
-them back; the plotting functions take them as they are); :mod:`hf_calibrate.evaluation` describes
+them back; the plotting functions take them as they are); :mod:`hf_calibrate.results.evaluation` describes
 the intervals and verdicts.
 
 The warnings raised under :func:`accumulate` that point at the user's line count on the call
@@ -33,25 +33,24 @@ keep that depth (no decorators that add frames).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Protocol, Tuple
 
 import torch
-from torch import nn
 
-from . import _auto_registration, evaluation, reporting, scoring
+from . import _auto_registration, scoring
 from ._warnings import warn_user
+from .backbones import Backbone
 from .backbones.base import format_size
 from .backbones.preprocessing import differently_scaled, evaluation_options, value_range
+from .calibrators import Calibrator
 from .data import prepare_data
-from .data.lineage import shared_rows
 from .data.sources import is_one_shot
-from .fitting.calibrate import engine_options, fit_calibration, is_logit_space
+from .fitting.calibrate import engine_options, is_logit_space
 from .fitting.engine import Engine, EngineOptions
 from .metrics import CalibrationMetrics
 from .metrics._checks import check_n_bins
-
-if TYPE_CHECKING:
-    from .modeling import CalibratedModel
+from .results import evaluation, reporting
+from .results.reporting import FittedModel, in_sample_rows
 
 #: ``evaluate``'s own keywords (beside the engine options) and their defaults
 EVALUATION_KEYWORDS: Dict[str, Any] = {
@@ -61,6 +60,21 @@ EVALUATION_KEYWORDS: Dict[str, Any] = {
 PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed", "cache_bytes")
 #: base logits (N, C) float32 and labels (N,) of every sample of the evaluation data, in dataset order
 KeptLogits = Tuple[torch.Tensor, torch.Tensor]
+
+
+class EvaluatedModel(FittedModel, Protocol):
+    """What an evaluation asks of a calibrated model (:class:`hf_calibrate.CalibratedModel` is one): its parts, what it
+    was fitted on and with, its calibrated forward pass; the result is kept as its ``last_evaluation``."""
+
+    backbone: Backbone
+    calibrator: Calibrator
+    provenance: Dict[str, Any]
+    preprocessor: Any
+    last_evaluation: Optional[Dict[str, Any]]
+
+    def _calibrated_forward(self, inputs: Dict[str, Any]) -> Tuple[torch.Tensor, Any]: ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> None:
@@ -77,7 +91,7 @@ def check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> 
 
 
 def accumulate(
-    model: "CalibratedModel", data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+    model: EvaluatedModel, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
 ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
     """The (uncalibrated, calibrated) accumulators of ``model`` on labelled ``data``, arguments checked.
 
@@ -98,7 +112,7 @@ def accumulate(
         return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
 
 
-def warn_if_other_inputs(model: "CalibratedModel", data: Any) -> None:
+def warn_if_other_inputs(model: EvaluatedModel, data: Any) -> None:
     """Warn, at the user's line, when the prepared evaluation ``data`` (their first sample) differ from the inputs the
     model was calibrated on (its ``input_contract``) in per-sample size, or, for images, in how their pixel values look
     preprocessed (normalised or not, 0–255 or 0–1): its confidences hold for inputs like the calibration data's,
@@ -130,7 +144,7 @@ def warn_if_other_inputs(model: "CalibratedModel", data: Any) -> None:
 
 
 def evaluate_model(
-    model: "CalibratedModel", data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+    model: EvaluatedModel, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
 ) -> Dict[str, Any]:
     """:meth:`CalibratedModel.evaluate`'s JSON result (arguments as :func:`accumulate`), also kept as the model's
     ``last_evaluation``."""
@@ -152,23 +166,6 @@ def evaluate_model(
         }
     model.last_evaluation = result
     return result
-
-
-def in_sample_rows(model: "CalibratedModel", data: Any, samples: int) -> Tuple[Optional[bool], Optional[Dict[str, int]]]:
-    """(whether ``data`` hold rows ``model`` was fitted on, ``{"calibration": rows that are, "total": rows}``).
-
-    True, False or None (unknown) as :meth:`CalibratedModel.fitted_on` says; the rows are counted for ``datasets``
-    data (:func:`hf_calibrate.data.lineage.shared_rows`: by memory and content, from the Arrow rows, no model run),
-    and are all ``samples`` (the evaluation's) when the data are the very data or have their fingerprint; no count
-    (None) unless True.
-    """
-    fitted = model.fitted_on(data)
-    if not fitted:
-        return fitted, None
-    counted = shared_rows(reporting.data_source(data), model._fitted_sources())
-    if counted is None or not counted.shared:  # the very data object, or a dataset with a recorded fingerprint
-        return True, {"calibration": samples, "total": samples}
-    return True, {"calibration": counted.shared, "total": counted.total}
 
 
 def same_base_pass(fit_options: Dict[str, Any], evaluation_settings: Dict[str, Any]) -> bool:
@@ -196,54 +193,6 @@ def require_logit_space_for_one_pass(method: str, reuse: bool) -> None:
         + ". Pass a callable that returns a new iterator each time it is called, or a re-iterable (a list of batches, "
         "a DataLoader, an IterableDataset)."
     )
-
-
-def fit_and_evaluate(
-    model: nn.Module, calibration_data: Any, evaluation_data: Any = None, *, method: str = "neural_clamping",
-    validation_data: Any = None, temperature_data: Any = None, dataset_name: Optional[str] = None,
-    split: Optional[str] = None, evaluation_options: Optional[Dict[str, Any]] = None, **options: Any,
-) -> Tuple["CalibratedModel", Dict[str, Any]]:
-    """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
-
-    The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
-    validation_data=validation_data, temperature_data=temperature_data, dataset_name=dataset_name,
-    split=split, **options)`` followed by ``calibrated.evaluate(evaluation_data, **evaluation_options)``
-    (``evaluation_data`` None: the calibration data, an in-sample evaluation; ``evaluation_options``:
-    ``n_bins``, ``dataset_name``, ``split``, ``in_sample`` and engine options).
-
-    When the evaluation data are the calibration data (None or the same object) and the evaluation
-    runs the base model as the fit did (the same engine options, except ``progress``,
-    ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
-    computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
-    calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
-    Clamping and the head methods run the calibrated model once (δ and the new head need it). The
-    kept logits (N × C float32) live only during this call.
-
-    Evaluation options are checked before the fit starts. For data whose items are deterministic
-    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit:
-    every method's first pass runs the base model over the whole calibration data in the batches an
-    evaluation uses. A one-shot stream (a generator) can be fitted and evaluated here with a
-    logit-space method, whose evaluation reads no input.
-
-    Returns:
-        (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
-    """
-    from .modeling import CalibratedModel
-
-    evaluation_settings = dict(evaluation_options or {})
-    own = {key: evaluation_settings.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
-    check_evaluation_arguments(own, evaluation_settings)
-    in_sample = evaluation_data is None or evaluation_data is calibration_data
-    reuse = in_sample and same_base_pass(options, evaluation_settings)
-    if in_sample and is_one_shot(calibration_data):
-        require_logit_space_for_one_pass(method, reuse)
-    fitted = fit_calibration(
-        model, (calibration_data, validation_data, temperature_data), method, options,
-        naming=(dataset_name, split), keep_logits=reuse,
-    )
-    calibrated = CalibratedModel._from_fit(model, fitted)
-    data = calibration_data if evaluation_data is None else evaluation_data
-    return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
 
 
 _auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -19,21 +19,25 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification, PreTrainedModel
 
-from . import evaluation, model_evaluation, reporting
+from . import model_evaluation
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .configuration import TASKS, CalibratedConfig
 from .data.lineage import KeptRows, holds_rows_of
+from .data.sources import is_one_shot
 from .fitting.calibrate import FittedCalibration, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
 from .hub_mixin import CalibratedHubMixin
-from .model_evaluation import EVALUATION_KEYWORDS, fit_and_evaluate
+from .model_evaluation import (
+    EVALUATION_KEYWORDS, check_evaluation_arguments, evaluate_model, require_logit_space_for_one_pass, same_base_pass,
+)
+from .results import evaluation, reporting
 from .serialization.load_options import backbone_device
 from .serialization.record import SavedParts
 
@@ -157,14 +161,25 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             model: a timm classifier, a transformers image/sequence classifier, or an ``nn.Module`` mapping a
                 tensor to (N, C) logits. It is frozen (``requires_grad`` off, eval mode) and moved to the fit's
                 device; it is not copied. If the fit fails, its flags and mode are restored.
-            calibration_data: a ``DataLoader`` (of a map-style dataset), a torch ``Dataset`` or a
-                ``datasets.Dataset`` (see :mod:`hf_calibrate.data`). For the head methods this is the data the
-                new head is trained on (the papers use the training split).
+            calibration_data: labelled samples in any of the forms the README lists (:mod:`hf_calibrate.data`):
+                a ``DataLoader`` of ``(inputs, labels)`` pairs or of dicts (``labels`` + model inputs), batching a
+                map-style dataset (its sampler decides which samples are read), over pre-made batches
+                (``batch_size=None``) or over an ``IterableDataset``; a torch ``Dataset`` or ``IterableDataset`` of
+                samples (a plain list of samples too); a list of batches (tokenizer outputs with ``labels`` and any
+                other fields); a callable returning a new iterator of batches (or of samples), or any other
+                re-iterable object; a ``datasets.Dataset`` or ``datasets.IterableDataset`` (``load_dataset(...,
+                streaming=True)``), whose raw ``image`` / ``text`` columns get the model's own preprocessing (or
+                ``preprocessor=`` / ``preprocess=``); or a generator or other iterator, read once: every method but
+                Neural Clamping, which reads its data every epoch and refuses it, naming a callable or a re-iterable
+                instead. In one process every form gives the calibrator of the same samples as a map-style dataset.
+                For the head methods this is the data the new head is trained on (the papers use the training split).
             method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``, ``"structured_vector"``, ``"matrix"``,
                 ``"dirichlet"``, ``"histogram"``, ``"isotonic"``, the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``,
-                or ``"auto"``: the logit method cross-fitted held-out NLL shows best (temperature scaling unless
-                another beats it beyond a paired 95 % interval; the model is of the chosen method, and
-                ``fit_summary["auto"]`` says why; options ``candidates``, ``folds``).
+                or ``"auto"``: the method cross-fitted held-out NLL shows best among the logit methods, Neural
+                Clamping when its estimated time fits ``budget`` (seconds), and the head methods named in
+                ``candidates`` (temperature scaling unless another beats it beyond a paired 95 % interval; the
+                model is of the chosen method, and ``fit_summary["auto"]`` says why; options ``candidates``,
+                ``folds``, ``budget``).
             validation_data: the selection split of Neural Clamping and the head methods (default: Neural
                 Clamping cross-fits 2 folds of ``calibration_data``, or holds out ``holdout_fraction`` of it, as the
                 head methods do); refused by the methods that would not read it.
@@ -227,6 +242,13 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     ) -> Dict[str, Any]:
         """Metrics of the base and the calibrated model on labelled ``data``, side by side.
 
+        ``data`` may take any form :meth:`fit` takes (the README lists them; :mod:`hf_calibrate.data`): a
+        ``DataLoader`` (of samples, of pre-made batches with ``batch_size=None``, or over an ``IterableDataset``),
+        a torch ``Dataset`` or ``IterableDataset``, a list of batches, a callable returning a new iterator of
+        batches, a ``datasets.Dataset`` or ``datasets.IterableDataset`` (raw ``image`` / ``text`` columns get the
+        calibrated model's own preprocessing), or a generator or other iterator (read once, which an evaluation
+        does). Every form gives the metrics of the same samples as a map-style dataset.
+
         ``options`` are those of :class:`hf_calibrate.fitting.EngineOptions` (batch size, preprocessor,
         progress, ...; the preprocessor defaults to the model's own). Runs on every process under Accelerate:
         each process scores its shard and the streaming accumulators are summed. ``dataset_name`` and
@@ -242,6 +264,12 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         """
         own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": in_sample, "bootstrap": bootstrap}
         return model_evaluation.evaluate_model(self, data, own, options)
+
+    #: ``model._accumulate(data, own, options)``: the (uncalibrated, calibrated) accumulators of an evaluation on ``data``
+    #: (``own``: :meth:`evaluate`'s keywords, ``options``: engine options), the hook
+    #: :func:`hf_calibrate.results.comparison.compare` pairs models through. It is
+    #: :func:`hf_calibrate.model_evaluation.accumulate` itself, adding no frame: its warnings' stack levels hold.
+    _accumulate = model_evaluation.accumulate
 
     # -------------------------------------------------- loading (save_pretrained, from_pretrained, push_to_hub: CalibratedHubMixin)
     @classmethod
@@ -259,6 +287,52 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 "or CalibratedModel.from_pretrained(...)."
             )
         return super().__call__(*args, **kwargs)
+
+
+def fit_and_evaluate(
+    model: nn.Module, calibration_data: Any, evaluation_data: Any = None, *, method: str = "neural_clamping",
+    validation_data: Any = None, temperature_data: Any = None, dataset_name: Optional[str] = None,
+    split: Optional[str] = None, evaluation_options: Optional[Dict[str, Any]] = None, **options: Any,
+) -> Tuple[CalibratedModel, Dict[str, Any]]:
+    """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
+
+    The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
+    validation_data=validation_data, temperature_data=temperature_data, dataset_name=dataset_name,
+    split=split, **options)`` followed by ``calibrated.evaluate(evaluation_data, **evaluation_options)``
+    (``evaluation_data`` None: the calibration data, an in-sample evaluation; ``evaluation_options``:
+    ``n_bins``, ``dataset_name``, ``split``, ``in_sample`` and engine options).
+
+    When the evaluation data are the calibration data (None or the same object) and the evaluation
+    runs the base model as the fit did (the same engine options, except ``progress``,
+    ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
+    computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
+    calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
+    Clamping and the head methods run the calibrated model once (δ and the new head need it). The
+    kept logits (N × C float32) live only during this call.
+
+    Evaluation options are checked before the fit starts. For data whose items are deterministic
+    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit:
+    every method's first pass runs the base model over the whole calibration data in the batches an
+    evaluation uses. A one-shot stream (a generator) can be fitted and evaluated here with a
+    logit-space method, whose evaluation reads no input.
+
+    Returns:
+        (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
+    """
+    evaluation_settings = dict(evaluation_options or {})
+    own = {key: evaluation_settings.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
+    check_evaluation_arguments(own, evaluation_settings)
+    in_sample = evaluation_data is None or evaluation_data is calibration_data
+    reuse = in_sample and same_base_pass(options, evaluation_settings)
+    if in_sample and is_one_shot(calibration_data):
+        require_logit_space_for_one_pass(method, reuse)
+    fitted = fit_calibration(
+        model, (calibration_data, validation_data, temperature_data), method, options,
+        naming=(dataset_name, split), keep_logits=reuse,
+    )
+    calibrated = CalibratedModel._from_fit(model, fitted)
+    data = calibration_data if evaluation_data is None else evaluation_data
+    return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
 
 
 def register_auto_classes() -> None:

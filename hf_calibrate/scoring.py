@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from . import evaluation
+from .results import evaluation
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .data import CalibrationData, StreamedData, prepare_data

@@ -13,7 +13,7 @@ split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.
   M samples. The M noise vectors ε_m ∈ R^Z are drawn once at fit time from the seed and
   stored, so a sample's prediction does not depend on its batch and survives save/load;
   ``prediction="mean"`` uses z = μ instead.
-* **MaC-Cal**: :mod:`.mac_cal`.
+* **MaC-Cal**: :mod:`.mac_cal` (its classes, once defined here, are still found here: the package sets them).
 """
 
 from __future__ import annotations
@@ -326,13 +326,3 @@ class VariationalTwoStageHead(HeadCalibrator):
         z = mean + (0.5 * log_variance).exp() * noise
         kl = 0.5 * (mean.square() + log_variance.exp() - log_variance - 1).sum(dim=1).mean()
         return F.cross_entropy(head.classifier(z), labels) + kl / self.latent_dim
-
-
-def __getattr__(name: str) -> Any:
-    """MaC-Cal's classes, defined here before they moved to :mod:`.mac_cal` (which imports this module), still
-    found here: old imports and objects pickled by reference keep working."""
-    if name in ("MaskedClassifierHead", "_MaskedLinear"):
-        from . import mac_cal
-
-        return getattr(mac_cal, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,7 +37,7 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     from ..backbones import adapt
     from ..fitting.calibrate import reads_selection_data
     from ..modeling import fit_and_evaluate
-    from ..reporting import (FALLBACK_SAVED, fallback_advice, auto_note, auto_table, evaluation_label, fitted_text,
+    from ..results.reporting import (FALLBACK_SAVED, fallback_advice, auto_note, auto_table, evaluation_label, fitted_text,
                              in_sample_warning, source_display_name)
 
     if args.output is None and args.push_to_hub is None:
@@ -96,9 +96,9 @@ def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console
 def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate evaluate``: metrics of a calibrated (before/after) or plain model."""
     from ..backbones import adapt
-    from ..cards import diagram_title
+    from ..results.cards import diagram_title
     from ..data.reading import select_split
-    from ..reporting import evaluation_label, in_sample_warning, source_display_name
+    from ..results.reporting import evaluation_label, in_sample_warning, source_display_name
     from ..scoring import evaluate_plain_model
 
     if args.diagram is not None and state.is_main_process:
@@ -166,11 +166,11 @@ def _merged(flags: Dict[str, Any], own: Dict[str, Any], method: str) -> Dict[str
 
 def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
-    from .. import comparison
+    from ..results import comparison
     from ..backbones import adapt
     from ..fitting.calibrate import reads_selection_data
     from ..modeling import CalibratedModel
-    from ..reporting import METRIC_NAMES, source_display_name
+    from ..results.reporting import METRIC_NAMES, source_display_name
 
     own_options = per_method_options(args.option, args.methods)  # before any loading: a typo fails at once
     if state.is_main_process:

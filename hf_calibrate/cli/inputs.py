@@ -6,13 +6,16 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
+from .._console import FLAG_OPTIONS, flag_options
 from .._errors import UserError
 
 if TYPE_CHECKING:
     from ..data.reading import LoadedData
 
-#: EngineOptions fields with a command-line flag of the same name
-FLAG_OPTIONS = ("batch_size", "seed", "mixed_precision", "image_column", "text_column", "label_column", "max_length")
+__all__ = [
+    "FLAG_OPTIONS", "engine_options", "fit_options", "fit_splits", "flag_options", "load_data", "per_method_options",
+    "process_state",
+]
 
 
 def fit_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -46,15 +49,6 @@ def per_method_options(pairs: Sequence[Any], methods: Sequence[str]) -> Dict[str
     return options
 
 
-def flag_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """Engine and data options set by flags (``--batch-size``, ``--label-column``, ...), left out when not given."""
-    options = {name: getattr(args, name, None) for name in FLAG_OPTIONS}
-    options = {name: value for name, value in options.items() if value is not None}
-    if not args.progress:
-        options["progress"] = False
-    return options
-
-
 def engine_options(options: Dict[str, Any]) -> Dict[str, Any]:
     """The options of ``options`` that every fit and evaluation takes (``EngineOptions`` fields)."""
     from ..fitting import EngineOptions
@@ -65,9 +59,9 @@ def engine_options(options: Dict[str, Any]) -> Dict[str, Any]:
 
 def fit_splits(args: argparse.Namespace, available: Sequence[str]) -> Dict[str, str]:
     """The split of each role of ``fit``: calibration, validation (when given) and evaluation — the one given,
-    else a held-out split the fit does not use (:func:`hf_calibrate.reporting.held_out_split`), else none."""
+    else a held-out split the fit does not use (:func:`hf_calibrate.results.reporting.held_out_split`), else none."""
     from ..data.reading import select_split
-    from ..reporting import held_out_split
+    from ..results.reporting import held_out_split
 
     chosen = {"calibration": select_split(available, args.split, ("calibration", "validation"), "--split")}
     if args.validation_split:

@@ -1,67 +1,26 @@
-"""What the commands print and write: the console, tables, the reliability diagram, early checks of output paths."""
+"""What the commands print and write: the console, tables, the reliability diagram, early checks of output paths
+(the console, plain tables and the path check are :mod:`hf_calibrate._console`'s, shared with the demo command)."""
 
 from __future__ import annotations
 
 import contextlib
-import sys
-import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List
 
-from .._errors import UserError
+from .._console import Console, check_writable, format_table
 from .metric_keys import TABLE_METRICS
 
-
-class Console:
-    """Output of the main process only: results on stdout, notes on stderr when stdout holds JSON."""
-
-    def __init__(self, is_main: bool, json_output: bool = False) -> None:
-        self.is_main = is_main
-        self.json_output = json_output
-
-    def result(self, text: str) -> None:
-        """A line of the command's result (stdout)."""
-        if self.is_main:
-            print(text, flush=True)
-
-    def note(self, text: str) -> None:
-        """A line about the run (stdout; stderr when stdout holds JSON)."""
-        if self.is_main:
-            print(text, file=sys.stderr if self.json_output else sys.stdout, flush=True)
-
-    def warn(self, text: Optional[str]) -> None:
-        """A ``warning: ...`` line on stderr, something the user should act on (nothing when ``text`` is None)."""
-        if self.is_main and text is not None:
-            print(f"warning: {text}", file=sys.stderr, flush=True)
-
-
-def check_writable(path: Path, flag: str, *, folder: bool) -> None:
-    """Fail early, before any compute, when ``path`` (a folder or a file) cannot be written."""
-    if path.exists() and path.is_dir() != folder:
-        raise UserError(f"{flag} {path} exists and is {'not ' if folder else ''}a folder.")
-    parent = path.absolute().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryDirectory(dir=parent).cleanup()  # saving writes a sibling, then renames it
-    except OSError as error:
-        raise UserError(f"cannot write {flag} {path}: {error.strerror or error} (in {parent}).") from error
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain-text table: first column left-aligned, the others right-aligned."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)])
+__all__ = [
+    "Console", "check_writable", "draw_diagram", "fit_warning_lines", "fit_warnings_reported_here", "format_table",
+    "metric_table", "warnings_as_lines",
+]
 
 
 def metric_table(evaluation: Dict[str, Any]) -> str:
     """Before/after table of an evaluation, each value with its interval [low, high] when it has one, the paired
     change and its verdict (only one column for a plain model), and a line saying how the intervals were made."""
-    from ..reporting import METRIC_NAMES, bootstrap_note, change_text, shown_metrics, value_text
+    from ..results.reporting import METRIC_NAMES, bootstrap_note, change_text, shown_metrics, value_text
 
     sides = [side for side in ("uncalibrated", "calibrated") if side in evaluation]
     both, verdicts = len(sides) == 2, evaluation.get("verdicts") or {}
@@ -77,7 +36,7 @@ def metric_table(evaluation: Dict[str, Any]) -> str:
 
 def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
     """The reliability diagram(s) of an evaluation as a PNG at ``path``, uncalibrated first."""
-    from ..plotting import compare_reliability_diagrams, reliability_diagram
+    from ..results.plotting import compare_reliability_diagrams, reliability_diagram
 
     reliability = evaluation["reliability"]
     panels = {side: reliability[side] for side in ("uncalibrated", "calibrated") if side in reliability}

@@ -14,9 +14,12 @@ import dataclasses
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..cli.inputs import flag_options
-from ..cli.metric_keys import DEMO_CHANGES, DEMO_METRICS
-from ..cli.output import Console, check_writable, format_table
+from .._console import Console, check_writable, flag_options, format_table
+
+#: the demo's first table: uncalibrated → calibrated
+DEMO_METRICS = ("accuracy", "ece", "ada_ece", "nll", "brier")
+#: the demo's second table: the paired change of these, with its interval and verdict
+DEMO_CHANGES = ("ece", "nll", "brier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +136,7 @@ def _calibrate(model: Any, spec: DemoSpec, config: DemoConfig, method: str, inpu
     ``inputs``: (calibration subset, test subset, the preprocessor the model is calibrated with).
     """
     from ..modeling import CalibratedModel
-    from ..reporting import FALLBACK_SAVED
+    from ..results.reporting import FALLBACK_SAVED
 
     calibration, test, preprocessor = inputs
     options = config.neural_clamping if method == "neural_clamping" else {}
@@ -160,7 +163,7 @@ def _row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
 
 
 def _change_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
-    from ..reporting import change_text
+    from ..results.reporting import change_text
 
     verdicts = evaluation.get("verdicts") or {}
     return [model, method, *(" ".join(filter(None, (change_text(evaluation, key), _short(verdicts.get(key)))))
@@ -173,7 +176,7 @@ def _short(verdict: Optional[str]) -> str:
 
 
 def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str], quick: bool) -> str:
-    from ..reporting import METRIC_NAMES
+    from ..results.reporting import METRIC_NAMES
 
     header = ["model", "method", "test n", *(METRIC_NAMES[key] for key in DEMO_METRICS)]
     change_header = ["model", "method", *(f"Δ {METRIC_NAMES[key]} [95% CI]" for key in DEMO_CHANGES)]

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .. import _auto_registration, reporting
+from .. import _auto_registration
 from .._warnings import warn_user
 from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import contract_preprocessor
@@ -32,6 +32,7 @@ from ..configuration import TASKS, CalibratedConfig
 from ..data import CalibrationData, model_label_names, prepare_data
 from ..data.lineage import KeptRows, keep_rows
 from ..data.sources import is_one_shot
+from ..results import reporting
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
 from .auto import AUTO, AutoOptions, fit_auto

@@ -1,6 +1,6 @@
 """Every metric results show, described once: its key, titles, model-index type and direction.
 
-The model card (its body and ``model-index``) and :mod:`hf_calibrate.reporting`'s titles, which the command
+The model card (its body and ``model-index``) and :mod:`hf_calibrate.results.reporting`'s titles, which the command
 line and the comparison table show, read these entries instead of keeping their own lists (docs/design.md §2).
 """
 

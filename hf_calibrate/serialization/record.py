@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Protocol, Tuple
 
 from torch import nn
 
-from .. import reporting
-from ..backbones import adapt
+from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import fallback_contract
 from ..calibrators import Calibrator
+from ..configuration import CalibratedConfig
 from ..metrics import ReliabilityBins
+from ..results import reporting
 from ..version import __version__
 from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS
 from .identity import hub_reference, repo_id_problem
@@ -27,17 +28,34 @@ from .load_options import backbone_device
 from .saving import reading, save_artifact
 from .schema import FORMAT_VERSION, RESAVE, ArtifactError
 
-if TYPE_CHECKING:
-    from ..modeling import CalibratedModel
-
-#: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.reporting`)
+#: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.results.reporting`)
 EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "in_sample_rows", "calibration_dataset", "calibration_split")
 #: provenance keys the record keeps elsewhere than in its ``fit``
 _NOT_IN_FIT = ("options", "base_fingerprint", "input_contract")
 
 
+class SavedModel(Protocol):
+    """What the record is written from (:class:`hf_calibrate.CalibratedModel` is one): the base with its adapter and
+    the calibrator, the config, what the fit recorded (``fit_summary``, ``provenance``), the last evaluation, and the
+    preprocessor saved beside it."""
+
+    backbone: Backbone
+    calibrator: Calibrator
+    config: CalibratedConfig
+    fit_summary: Dict[str, Any]
+    provenance: Dict[str, Any]
+    last_evaluation: Optional[Dict[str, Any]]
+    preprocessor: Any
+
+    @property
+    def base_model(self) -> nn.Module: ...
+
+    @property
+    def method(self) -> str: ...
+
+
 def calibration_record(
-    model: "CalibratedModel", *, base_weights: str = "included", base_model_id: Optional[str] = None,
+    model: SavedModel, *, base_weights: str = "included", base_model_id: Optional[str] = None,
     base_revision: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The ``calibration_config.json`` contents for ``model`` (schema: :data:`.schema.RECORD_SCHEMA`), without the
@@ -79,7 +97,7 @@ def calibration_record(
 def evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """The record's part of ``CalibratedModel.evaluate``'s result: what it names, the card's metrics with their
     intervals, the paired differences and verdicts, the bins."""
-    from .. import cards
+    from ..results import cards  # huggingface_hub's card classes: imported when a record is written
 
     if not evaluation:
         return None
@@ -106,7 +124,7 @@ def evaluation_from_record(record: Dict[str, Any], root: Optional[Path] = None) 
 
 
 def save_model(
-    model: "CalibratedModel", target: Path, *, include_base: bool, base_model_id: Optional[str], base_revision: Optional[str],
+    model: SavedModel, target: Path, *, include_base: bool, base_model_id: Optional[str], base_revision: Optional[str],
     preprocessor: Any, overwrite_card: bool, repo_id: Optional[str | Path],
 ) -> Path:
     """Save ``model`` into ``target`` (``CalibratedModel.save_pretrained``'s arguments; ``repo_id`` None: the folder)."""

@@ -446,7 +446,7 @@ def _write_files(
     preprocessor: Any, reliability: Optional[Dict[str, Any]], repo_id: Optional[str],
 ) -> None:
     """Every file of the artifact except the record, into the staging folder."""
-    from .. import cards
+    from ..results import cards
     from ..backbones.preprocessing import timm_export_config
 
     base = record["base_model"]

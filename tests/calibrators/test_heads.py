@@ -294,3 +294,17 @@ def test_a_bare_linear_classifier_on_cached_features(problem, tmp_path, method):
 def test_heads_need_validation_or_holdout(problem):
     with pytest.raises(ValueError, match="validation_data=... or holdout_fraction > 0"):
         CalibratedModel.fit(overconfident_classifier(), problem["train"], method="tst", holdout_fraction=0.0, progress=False)
+
+
+def test_mac_cal_classes_are_still_found_at_their_old_path():
+    """MaC-Cal's classes moved from ``calibrators.heads`` to ``calibrators.mac_cal`` (which builds on ``heads``, so
+    ``heads`` does not import it back): the package sets them on ``heads``, for old imports and objects pickled by
+    reference under the old module."""
+    import pickle
+
+    from hf_calibrate.calibrators import heads, mac_cal
+    from hf_calibrate.calibrators.heads import MaskedClassifierHead as old
+
+    assert old is mac_cal.MaskedClassifierHead and heads._MaskedLinear is mac_cal._MaskedLinear
+    by_reference = pickle.dumps(heads._MaskedLinear, protocol=0).replace(b"hf_calibrate.calibrators.mac_cal", b"hf_calibrate.calibrators.heads")
+    assert pickle.loads(by_reference) is mac_cal._MaskedLinear

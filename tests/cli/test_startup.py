@@ -80,22 +80,23 @@ def test_a_failed_registration_warns_and_leaves_the_users_import_alone():
 def test_compares_ranking_choices_are_the_metrics_with_intervals():
     """The parser's spelled-out ``--metric`` choices (no torch at --help) are the evaluation's interval metrics."""
     from hf_calibrate.cli.metric_keys import COMPARE_METRICS
-    from hf_calibrate.evaluation import INTERVAL_METRICS
+    from hf_calibrate.results.evaluation import INTERVAL_METRICS
 
     assert COMPARE_METRICS == INTERVAL_METRICS
 
 
 def test_the_packages_modules_are_its_attributes():
-    """``import hf_calibrate`` then ``hf_calibrate.comparison`` / ``hf_calibrate.modeling.X`` (the README names both),
-    and ``dir()`` lists the lazily imported names."""
-    code = ("import hf_calibrate\nassert hf_calibrate.comparison.compare and hf_calibrate.modeling.TemperatureScalingFallbackWarning\n"
+    """``import hf_calibrate`` then ``hf_calibrate.results.comparison`` (or its old path ``hf_calibrate.comparison``) /
+    ``hf_calibrate.modeling.X`` (the README names them), and ``dir()`` lists the lazily imported names."""
+    code = ("import hf_calibrate\nassert hf_calibrate.results.comparison.compare and hf_calibrate.modeling.TemperatureScalingFallbackWarning\n"
+            "assert hf_calibrate.comparison is hf_calibrate.results.comparison\n"
             "assert {'CalibratedModel', 'metrics'} <= set(dir(hf_calibrate))\n"
             "try:\n    hf_calibrate.no_such_module\nexcept AttributeError:\n    pass\nelse:\n    raise AssertionError")
     _modules_after(code)
 
 
 @pytest.mark.parametrize("first", ["hf_calibrate.configuration", "hf_calibrate.modeling", "hf_calibrate.fitting.calibrate",
-                                   "hf_calibrate.evaluator"])
+                                   "hf_calibrate.results.evaluator", "hf_calibrate.evaluator"])  # the last: its old path
 @pytest.mark.parametrize("before", ["", "import importlib.util; importlib.util.find_spec('transformers')"])
 def test_registration_whichever_module_brings_transformers_in(first, before):
     """When one of the package's own modules is what first imports transformers (registering then would import

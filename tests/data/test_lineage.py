@@ -17,7 +17,7 @@ from torch import nn
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.data.lineage import holds_rows_of, row_digests, shared_rows
-from hf_calibrate.reporting import evaluation_label
+from hf_calibrate.results.reporting import evaluation_label
 
 ROWS = 120
 
@@ -84,7 +84,7 @@ def test_evaluate_reports_derived_calibration_data_as_in_sample(calibrated, cali
 
 def test_evaluate_says_unknown_where_it_cannot_know(calibrated, calibration):
     """A stream whose rows cannot be traced: in_sample is None (unknown), and the CLI's label says so."""
-    from hf_calibrate.reporting import evaluation_label
+    from hf_calibrate.results.reporting import evaluation_label
 
     result = calibrated.evaluate(calibration.to_iterable_dataset().skip(60), bootstrap=0, progress=False)
     assert result["in_sample"] is None

@@ -238,7 +238,7 @@ def test_one_held_out_part_keeps_the_runs_own_state_and_nothing_held_out_keeps_t
 
 
 def test_the_fallback_advice_names_the_fits_own_schedule_options():
-    from hf_calibrate.reporting import fallback_advice
+    from hf_calibrate.results.reporting import fallback_advice
 
     lbfgs, sgd = fallback_advice({"optimizer": "lbfgs"}), fallback_advice({"optimizer": "sgd", "epochs": 5})
     assert "max_iterations" in lbfgs and "ridge" in lbfgs and "epochs" not in lbfgs
@@ -277,7 +277,7 @@ def test_a_ridge_grid_keeps_the_point_and_iteration_of_the_best_pooled_score():
 
 def test_cards_of_records_from_before_the_ridge_and_refit_keep_their_meaning():
     """An L-BFGS summary written before ``refit`` existed was refitted on all the data; one without ``ridge`` shows no ρ."""
-    from hf_calibrate.cards import _selection, schedule_text
+    from hf_calibrate.results.cards import _selection, schedule_text
 
     summary = {"optimizer": "lbfgs", "folds": 2, "iterations": 3, "evaluations": 10, "holdout_samples": 100,
                "fell_back_to_temperature_scaling": False, "temperature_scaling": {"holdout_nll": 0.5},

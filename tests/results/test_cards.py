@@ -17,9 +17,10 @@ from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from PIL import Image
 
 import _tiny_models as tm
-from hf_calibrate import CalibratedModel, cards, plotting
+from hf_calibrate import CalibratedModel
+from hf_calibrate.results import cards, plotting
 from hf_calibrate._hub import push_evaluation_results
-from hf_calibrate.cards import DIAGRAM_FILE
+from hf_calibrate.results.cards import DIAGRAM_FILE
 from hf_calibrate.metrics import ReliabilityBins, brier_score
 from hf_calibrate.modeling import TemperatureScalingFallbackWarning
 from hf_calibrate.serialization import ArtifactError
@@ -146,7 +147,7 @@ def test_card_without_evaluation_has_no_model_index(tmp_path):
 def test_card_states_the_neural_clamping_selection_and_its_fallback(tmp_path):
     """A fit that fell back to TS says so, with the criterion and the temperature it kept (the
     temperature method's fit on all the calibration data)."""
-    from hf_calibrate.cards import _fmt
+    from hf_calibrate.results.cards import _fmt
 
     base = tm.tiny_timm(0)
     with pytest.warns(TemperatureScalingFallbackWarning):

@@ -1,4 +1,4 @@
-"""``hf_calibrate.comparison.compare``: several calibrations of one base ranked on the same test data.
+"""``hf_calibrate.results.comparison.compare``: several calibrations of one base ranked on the same test data.
 
 Every row is checked against what the metrics' own functions give on the models' outputs in dataset
 order: its points are those of ``evaluate``, its difference to the best is the one-shot paired bootstrap
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import _tiny_models as tm
-from hf_calibrate.comparison import UNCALIBRATED, compare, markdown_table, write
+from hf_calibrate.results.comparison import UNCALIBRATED, compare, markdown_table, write
 from hf_calibrate.metrics import paired_bootstrap_intervals
 
 pytestmark = pytest.mark.usefixtures("single_thread")

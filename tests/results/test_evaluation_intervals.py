@@ -14,7 +14,7 @@ import torch
 from _results import flat
 
 import _tiny_models as tm
-from hf_calibrate.evaluation import INTERVAL_METRICS
+from hf_calibrate.results.evaluation import INTERVAL_METRICS
 from hf_calibrate.metrics.intervals import MIN_INTERVAL_SAMPLES
 from hf_calibrate.metrics import bootstrap_intervals, paired_bootstrap_intervals, smooth_calibration_error
 

@@ -1,4 +1,4 @@
-"""``hf_calibrate.evaluator``: evaluate's Evaluator fed class probabilities (docs/design.md §7).
+"""``hf_calibrate.results.evaluator``: evaluate's Evaluator fed class probabilities (docs/design.md §7).
 
 Real models: the demo's BBC MiniLM (text) and digits CNN (image, timm), each through a pipeline of the
 plain model and of a temperature-scaling ``CalibratedModel`` of it. The evaluator's ECE, NLL and Brier
@@ -28,7 +28,7 @@ from transformers import TimmWrapperForImageClassification, pipeline
 from transformers.models.timm_wrapper import TimmWrapperImageProcessor
 
 from hf_calibrate import CalibratedModel, metrics
-from hf_calibrate.evaluator import SIDES, TIME_KEYS, as_evaluation, calibration_evaluator, metric_values
+from hf_calibrate.results.evaluator import SIDES, TIME_KEYS, as_evaluation, calibration_evaluator, metric_values
 from hf_calibrate.metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES
 
 pytestmark = pytest.mark.usefixtures("hf_home", "single_thread")  # conftest.py: single_thread, one torch thread

@@ -16,9 +16,9 @@ pytest.importorskip("matplotlib")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from hf_calibrate import plotting  # noqa: E402
+from hf_calibrate.results import plotting  # noqa: E402
 from hf_calibrate.metrics import ReliabilityBins, reliability_bins  # noqa: E402
-from hf_calibrate.plotting import compare_reliability_diagrams, reliability_diagram  # noqa: E402
+from hf_calibrate.results.plotting import compare_reliability_diagrams, reliability_diagram  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""How results name what they were computed on (:mod:`hf_calibrate.reporting`): one place for the card, the
+"""How results name what they were computed on (:mod:`hf_calibrate.results.reporting`): one place for the card, the
 diagram, the CLI and the warnings of ``fit``."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import _tiny_models as tm
-from hf_calibrate import CalibratedModel, reporting
+from hf_calibrate import CalibratedModel
+from hf_calibrate.results import reporting
 
 
 @pytest.mark.parametrize(
@@ -130,7 +131,7 @@ def test_the_fallback_note_names_the_criterion_the_fit_selected_on():
 
 def test_every_metric_results_name_has_one_entry_in_the_catalog():
     """Titles, model-index types and directions come from one table (:mod:`hf_calibrate.metrics.catalog`)."""
-    from hf_calibrate import evaluation
+    from hf_calibrate.results import evaluation
     from hf_calibrate.metrics import intervals
     from hf_calibrate.metrics.catalog import CARD_METRICS, HIGHER_IS_BETTER, METRIC_INFO
 

@@ -15,7 +15,7 @@ import pytest
 
 import _tiny_models as tm
 import hf_calibrate._atomic as _atomic
-import hf_calibrate.cards as cards
+import hf_calibrate.results.cards as cards
 import hf_calibrate.serialization as serialization
 from hf_calibrate import CalibratedModel
 from hf_calibrate.serialization import CARD_MARKER, saving

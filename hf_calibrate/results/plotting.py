@@ -1,0 +1,247 @@
+"""Reliability diagrams: drawing only; the data come from :func:`hf_calibrate.metrics.reliability_bins`.
+
+matplotlib is an optional dependency (``pip install 'hf-calibrate[plot]'``), imported when a
+diagram is drawn. Figures are built as ``matplotlib.figure.Figure`` on an Agg canvas, never
+through ``pyplot``, so drawing neither needs a display nor changes the user's backend.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Tuple, Union
+
+import numpy as np
+
+from .._atomic import write_atomically
+from ..metrics import ReliabilityBins, reliability_bins
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+ACCURACY_COLOR = "#4c72b0"
+# (edge and hatch, face) of the gap between accuracy and mean confidence. The over-confident gap lies above the
+# accuracy bar and has a face; the under-confident one lies on the bar's top part, so it is hatch only: the bar
+# stays visible up to the accuracy.
+OVERCONFIDENT_COLORS = ("#d55e00", "#eebf99")  # confidence above accuracy
+UNDERCONFIDENT_COLORS = ("#7fffd4", "none")  # accuracy above confidence
+ACCURACY_LABEL = "accuracy"
+OVERCONFIDENT_LABEL = "over-confident: confidence above accuracy"
+UNDERCONFIDENT_LABEL = "under-confident: accuracy above confidence"
+#: what a diagram takes for one panel: bins, or their JSON form (``ReliabilityBins.to_dict()``)
+Bins = Union[ReliabilityBins, Mapping[str, Any]]
+PANEL_SIZE = (4.2, 5.4)  # inches per diagram (width, height)
+DPI = 150
+
+
+def _new_figure(size: Tuple[float, float]) -> "Figure":
+    """An empty Figure on an Agg canvas, independent of pyplot and of the active backend."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "drawing reliability diagrams needs matplotlib: pip install 'hf-calibrate[plot]'"
+        ) from err
+    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _check_bins(bins: Any, name: str = "bins") -> ReliabilityBins:
+    """``bins`` as checked ReliabilityBins; their JSON form (``ReliabilityBins.to_dict()``) is read back first."""
+    if isinstance(bins, Mapping):
+        try:
+            bins = ReliabilityBins.from_dict(bins)
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"{name} is not the JSON form of ReliabilityBins ({type(error).__name__}: {error}).") from None
+    if not isinstance(bins, ReliabilityBins):
+        raise ValueError(
+            f"{name} must be a ReliabilityBins (see hf_calibrate.metrics.reliability_bins) or its to_dict() form, "
+            f"got {type(bins).__name__}."
+        )
+    n_bins = bins.counts.shape[0]
+    shapes = [np.shape(bins.edges), np.shape(bins.mean_confidence), np.shape(bins.accuracy)]
+    if n_bins < 1 or shapes != [(n_bins + 1,), (n_bins,), (n_bins,)]:
+        raise ValueError(
+            f"{name} is inconsistent: edges {shapes[0]}, counts {np.shape(bins.counts)}, mean_confidence "
+            f"{shapes[1]} and accuracy {shapes[2]} must have shapes (B+1,), (B,), (B,) and (B,) with B >= 1."
+        )
+    if not (bins.counts > 0).any():
+        raise ValueError(f"{name} holds no samples: every bin is empty.")
+    return bins
+
+
+def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str | None) -> None:
+    """Draw ``bins`` into ``ax`` (accuracy per bin) and ``count_ax`` (samples per bin)."""
+    filled = bins.counts > 0
+    left = bins.edges[:-1][filled]
+    width = np.diff(bins.edges)[filled]
+    accuracy = bins.accuracy[filled]
+    confidence = bins.mean_confidence[filled]
+
+    ax.bar(left, accuracy, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="white",
+           linewidth=0.8, label=ACCURACY_LABEL)
+    for label, mask, (edge, face), hatch in [
+        (OVERCONFIDENT_LABEL, confidence > accuracy, OVERCONFIDENT_COLORS, "///"),
+        (UNDERCONFIDENT_LABEL, accuracy > confidence, UNDERCONFIDENT_COLORS, "\\\\\\"),
+    ]:
+        if mask.any():
+            low = np.minimum(accuracy, confidence)[mask]
+            ax.bar(left[mask], np.abs(accuracy - confidence)[mask], bottom=low, width=width[mask], align="edge",
+                   facecolor=face, edgecolor=edge, hatch=hatch, linewidth=0.8, label=label)
+    ax.plot([0, 1], [0, 1], linestyle="--", color="0.3", linewidth=1.0, label="perfect calibration")
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", xticks=np.linspace(0, 1, 6), yticks=np.linspace(0, 1, 6))
+    ax.grid(True, linewidth=0.4, alpha=0.5)
+    ax.set_axisbelow(True)
+    ece = f"ECE = {bins.ece:.4f}"  # a fraction to 4 decimals, as every table shows it
+    ax.set_title(f"{title}\n{ece}" if title else ece, wrap=True)
+    if count_ax is None:
+        ax.set_xlabel("confidence")
+        return
+    ax.tick_params(labelbottom=False)
+    count_ax.bar(left, bins.counts[filled], width=width, align="edge", color="0.55", edgecolor="white",
+                 linewidth=0.8, label="samples")
+    count_ax.set(xlim=(0, 1), yscale="log", xlabel="confidence", ylabel="samples", xticks=np.linspace(0, 1, 6))
+    count_ax.grid(True, axis="y", linewidth=0.4, alpha=0.5)
+    count_ax.set_axisbelow(True)
+
+
+def _figure_legend(figure: "Figure", axes: list["Axes"], columns: int) -> None:
+    """One legend below the panels, with each label of ``axes`` once."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    figure.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=columns, fontsize="small",
+                  frameon=False)
+
+
+def _panel_axes(figure: "Figure", columns: int) -> list[Tuple["Axes", "Axes"]]:
+    """``columns`` (reliability, count) pairs of axes, the count panel a quarter as tall, below."""
+    grid = figure.add_gridspec(2, columns, height_ratios=[4, 1])
+    pairs = []
+    for column in range(columns):
+        ax = figure.add_subplot(grid[0, column])
+        count_ax = figure.add_subplot(grid[1, column], sharex=ax, sharey=pairs[0][1] if pairs else None)
+        pairs.append((ax, count_ax))
+    return pairs
+
+
+def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
+    """Write ``figure`` as a PNG to ``path`` via a temporary file in the same folder and a rename."""
+    write_atomically(path, lambda stream: figure.savefig(stream, format="png"))
+
+
+def _diagram_bins(bins: Bins | None, probs: Any, labels: Any, *, n_bins: int, from_logits: bool) -> ReliabilityBins:
+    """Checked bins of :func:`reliability_diagram`: ``bins`` as given, or ``probs`` (N, C) and ``labels`` (N,) binned."""
+    if (bins is None) == (probs is None):
+        raise ValueError("pass either bins or probs and labels, not both and not neither.")
+    if bins is None:
+        if labels is None:
+            raise ValueError("probs needs labels: pass labels=(N,) class indices.")
+        bins = reliability_bins(probs, labels, n_bins=n_bins, from_logits=from_logits)
+    elif labels is not None:
+        raise ValueError("labels are only used with probs; bins already hold the data.")
+    return _check_bins(bins)
+
+
+def reliability_diagram(
+    bins: Bins | None = None,
+    *,
+    probs: Any = None,
+    labels: Any = None,
+    n_bins: int = 15,
+    from_logits: bool = False,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+    ax: "Axes | None" = None,
+    count_ax: "Axes | None" = None,
+) -> "Figure":
+    """Draw a reliability diagram: per-bin accuracy against confidence, and samples per bin.
+
+    Pass either ``bins`` (from :func:`hf_calibrate.metrics.reliability_bins`, ``CalibrationMetrics.reliability()``,
+    or their ``to_dict()`` form, as ``CalibratedModel.evaluate`` returns them) or ``probs`` (N, C) and ``labels``
+    (N,), binned here into ``n_bins`` equal-width bins (``from_logits`` applies softmax first).
+
+    Bars reach each non-empty bin's accuracy. The gap to its mean confidence is hatched: orange, with a face,
+    above the bar where the model is over-confident (confidence above accuracy); green hatch only, over the
+    bar's top, where it is under-confident (the bar stays visible up to the accuracy). The dashed diagonal is
+    perfect calibration; a log-scale histogram of samples per bin sits below. The title carries the ECE.
+
+    Args:
+        title: text above the ECE in the title.
+        path: also write the figure as a PNG there (atomically).
+        ax: draw the reliability panel into this Axes instead of a new figure.
+        count_ax: with ``ax``, the Axes for the sample histogram (none is drawn without it).
+
+    Returns:
+        The Figure drawn into (a new one unless ``ax`` was given).
+
+    Example:
+        >>> import torch
+        >>> probs = torch.softmax(3 * torch.randn(500, 10, generator=torch.Generator().manual_seed(0)), dim=1)
+        >>> figure = reliability_diagram(probs=probs, labels=torch.zeros(500, dtype=torch.long), title="random")
+        >>> figure.axes[0].get_title().startswith("random\\nECE = ")
+        True
+    """
+    bins = _diagram_bins(bins, probs, labels, n_bins=n_bins, from_logits=from_logits)
+    if count_ax is not None and ax is None:
+        raise ValueError("count_ax is only used together with ax.")
+
+    if ax is None:
+        figure = _new_figure(PANEL_SIZE)
+        ax, count_ax = _panel_axes(figure, 1)[0]
+        _draw(bins, ax, count_ax, title)
+        _figure_legend(figure, [ax], columns=1)
+    else:
+        figure = ax.figure
+        _draw(bins, ax, count_ax, title)
+        ax.legend(loc="best", fontsize="small")
+    if path is not None:
+        _save_atomically(figure, path)
+    return figure
+
+
+def compare_reliability_diagrams(
+    diagrams: Mapping[str, Bins],
+    *,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+) -> "Figure":
+    """Draw several reliability diagrams side by side, one per entry, in one figure.
+
+    Args:
+        diagrams: panel title -> bins (or their ``to_dict()`` form), drawn left to right in order, e.g.
+            ``{"uncalibrated": bins_a, "temperature scaling": bins_b}``.
+        title: overall title above the panels.
+        path: also write the figure as a PNG there (atomically).
+
+    Returns:
+        A new Figure with one (reliability, count) column per entry; count axes share y.
+
+    Example:
+        >>> import torch
+        >>> from hf_calibrate.metrics import reliability_bins
+        >>> logits = 3 * torch.randn(500, 10, generator=torch.Generator().manual_seed(0))
+        >>> labels = logits.argmax(dim=1)
+        >>> figure = compare_reliability_diagrams({
+        ...     "raw": reliability_bins(logits, labels, from_logits=True),
+        ...     "T = 3": reliability_bins(logits / 3, labels, from_logits=True),
+        ... })
+        >>> len(figure.axes)
+        4
+    """
+    if not isinstance(diagrams, Mapping) or not diagrams:
+        raise ValueError("diagrams must be a non-empty mapping of panel title -> ReliabilityBins.")
+    checked = {name: _check_bins(bins, f"diagrams[{name!r}]") for name, bins in diagrams.items()}
+    figure = _new_figure((PANEL_SIZE[0] * len(checked), PANEL_SIZE[1]))
+    panels = _panel_axes(figure, len(checked))
+    for (name, bins), (ax, count_ax) in zip(checked.items(), panels):
+        _draw(bins, ax, count_ax, name)
+    _figure_legend(figure, [ax for ax, _ in panels], columns=2)
+    if title:
+        figure.suptitle(title, wrap=True)
+    if path is not None:
+        _save_atomically(figure, path)
+    return figure
