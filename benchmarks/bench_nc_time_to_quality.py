@@ -40,7 +40,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -258,13 +258,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _report.parser(__doc__, default_repeats=5, quick_repeats=1)
     parser.add_argument("--models", default=None, help=f"comma-separated, from {', '.join(MODELS)}")
     parser.add_argument("--json", default=None, help="also write the raw per-seed records here")
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_nc_time_to_quality.py", args)
-    results = measure(args)
+    return run(_report.parse(parser, argv), "bench_nc_time_to_quality.py", measure, report, NAME)
+
+
+def run(args: argparse.Namespace, script: str, measure_: Callable[[argparse.Namespace], Dict[str, Any]],
+        report_: Callable[[_report.Session, Dict[str, Any]], str], name: str) -> int:
+    """Measure, keep the raw records when ``--json`` asks, then write (or with ``--quick`` print) the report."""
+    session = _report.Session(script, args)
+    results = measure_(args)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle)
-    session.finish(report(session, results), NAME)
+    session.finish(report_(session, results), name)
     return 0
 
 

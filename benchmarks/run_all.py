@@ -60,6 +60,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "scale": ("bench_scale.py", "speed", "streams at scale: peak memory against N, throughput against a bare loop"),
     "safe_defaults": ("bench_safe_defaults.py", "quality", "safe defaults: every logit method's default vs uncalibrated and TS, peers beside"),
     "mac_cal_ablation": ("bench_mac_cal_ablation.py", "quality", "MaC-Cal ablation: each part of the reconstruction against its default, paired"),
+    "auto_budget": ("bench_auto_budget.py", "quality and speed", "method=\"auto\" with a budget: Neural Clamping and MaC-Cal as candidates, NC's time estimate"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),
 }
 GPU_NOTE = "not measured in this repository (no GPU on its benchmark machine); run `bench_gpu.py` on a GPU machine"

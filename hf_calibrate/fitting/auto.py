@@ -1,35 +1,39 @@
 """``method="auto"``: the calibration for this model, chosen by cross-fitted held-out NLL, then refitted on all the data.
 
-One pass of the base model caches the calibration logits; every candidate is a logit method with its defaults.
+One pass of the base model caches the calibration logits; every logit candidate is a logit method with its defaults.
 Each is fitted K times, each time on all folds but one, and scores the fold it did not see, so every calibration
-sample is scored once by a fit that never saw it (:func:`cross_fitted_nll`). Temperature scaling, the simplest, is
-the reference: another candidate is chosen only when the 95 % interval of its paired per-sample NLL difference to
-temperature scaling lies below 0, and among those the simplest whose NLL is not shown worse than the best one's
-(:func:`choose`). The chosen method is refitted on all the data, so the result is a model of that method; its
-``fit_summary["auto"]`` keeps every candidate's score, interval and the reason for the choice (docs/design.md §3.5).
+sample is scored once by a fit that never saw it (:mod:`.auto_scoring`). Neural Clamping takes part when its
+estimated time fits the ``budget`` option, scored by its own cross-fitted fit (:mod:`.auto_clamping`). Temperature
+scaling, the simplest, is the reference: another candidate is chosen only when the 95 % interval of its paired
+per-sample NLL difference to temperature scaling lies below 0, and among those the simplest whose NLL is not shown
+worse than the best one's (:func:`choose`). The chosen method's fit on all the data is the result, a model of that
+method; its ``fit_summary["auto"]`` keeps every candidate's score, interval and the reason for the choice
+(docs/design.md §3.5).
 
-Neural Clamping and the head methods are not candidates: each fold would need passes of the base model.
+The head methods take part when named among the candidates, each trained on the base's features once per fold
+(:mod:`.auto_heads`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..backbones import Backbone
+from .. import _distributed
 from .._warnings import warn_user
-from ..calibrators import Calibrator, InvalidOptionError, RegularisedOptions, calibrator_class
-from ..calibrators.base import FitContext, check_fields, check_fit_logits, require
-from ..calibrators.holdout import Fold, paired_difference, shown_below_zero, stratified_folds
-from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
+from ..calibrators import Calibrator, InvalidOptionError
+from ..calibrators.base import Range, check_fields, check_fit_logits, ranged, require
+from ..calibrators.holdout import paired_difference, shown_below_zero, stratified_folds
 from ..data import CalibrationData
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
+from .auto_clamping import CLAMPING, budget_reason, estimated_seconds, score_clamping
+from .auto_heads import HEADS, score_heads
+from .auto_scoring import REFERENCE, Scored, score_candidates
 from .engine import Engine
-from .families import fit_on_cached_logits
 from .probing import probe
 
 #: the method name that asks for the choice
@@ -38,10 +42,10 @@ AUTO = "auto"
 #: smoothed log-probabilities (structured vector); a full linear map of the logits (matrix), or of the
 #: log-probabilities (Dirichlet); then the non-parametric maps, which may change predictions
 CANDIDATES = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
-#: the candidate every other must beat: the simplest, and the one that needs the least data
-REFERENCE = "temperature"
-#: what a fold's fit reports: nothing (the refit on all the data reports as any fit does)
-QUIET = FitContext(announce=False)
+
+
+#: the budget a user may give, in seconds: up to a week
+BUDGET = Range(0.0, 7 * 24 * 3600.0, low_open=True)
 
 
 @dataclasses.dataclass
@@ -49,14 +53,20 @@ class AutoOptions:
     """Options of ``method="auto"``.
 
     Attributes:
-        candidates: the methods to choose among, any of :data:`CANDIDATES` (default: all of them). Temperature
-            scaling is always a candidate: it is the reference the others must beat.
-        folds: K of the K-fold cross-fitting that scores the candidates (2 to 20, default 5; at most the number of
-            calibration samples).
+        candidates: the methods to choose among, any of :data:`CANDIDATES`, ``"neural_clamping"`` and the head methods
+            ``"tst"``, ``"vtst"``, ``"mac_cal"`` (default: the logit methods, and Neural Clamping under a budget; the
+            heads only when named: auto trains K + 1 heads each). Temperature scaling is always a candidate: it is the
+            reference the others must beat.
+        folds: K of the K-fold cross-fitting that scores the logit candidates (2 to 20, default 5; at most the number
+            of calibration samples).
+        budget: seconds the whole choice may take (default None: no budget, and Neural Clamping does not take part).
+            Neural Clamping takes part when the estimate of its fit (from the timed pass of the base model) fits in
+            what the logit candidates leave of it; its row says why when it does not.
     """
 
     candidates: Optional[Sequence[str]] = None
     folds: int = 5
+    budget: Optional[float] = ranged(None, BUDGET)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -64,123 +74,32 @@ class AutoOptions:
         if self.candidates is None:
             return
         require(len(self.candidates) > 0, "candidates", self.candidates,
-                f"a non-empty list of methods among {', '.join(CANDIDATES)} (leave it out for all of them)")
-        unknown = [name for name in self.candidates if name not in CANDIDATES]
+                f"a non-empty list of methods among {', '.join(CANDIDATES + (CLAMPING,) + HEADS)} (leave it out for the default)")
+        unknown = [name for name in self.candidates if name not in CANDIDATES + (CLAMPING,) + HEADS]
         if unknown:
             raise InvalidOptionError(
                 f"option candidates names {unknown}, which auto does not choose among; it chooses among the logit methods "
-                f"{', '.join(CANDIDATES)}. Neural Clamping and the head methods would need passes of the base model for "
-                "every fold: fit them by name, and compare them with `hf-calibrate compare`."
+                f"{', '.join(CANDIDATES)}, {CLAMPING} (under a budget) and the head methods {', '.join(HEADS)}. Fit "
+                "another method by name, and compare it with the others with `hf-calibrate compare`."
             )
         require(len(set(self.candidates)) == len(self.candidates), "candidates", list(self.candidates), "distinct method names")
+        require(CLAMPING not in self.candidates or self.budget is not None, "candidates", list(self.candidates),
+                f"{CLAMPING} together with budget=<seconds>: its fit takes passes of the base model, and auto runs it "
+                "only when its estimated time fits the budget")
         self.candidates = list(self.candidates)
 
     def methods(self) -> List[str]:
-        """The candidates in :data:`CANDIDATES` order (simplest first), temperature scaling always among them."""
+        """The logit candidates in :data:`CANDIDATES` order (simplest first), temperature scaling always among them."""
         chosen = set(self.candidates or CANDIDATES) | {REFERENCE}
         return [name for name in CANDIDATES if name in chosen]
 
+    def heads(self) -> List[str]:
+        """The head methods named among the candidates, in :data:`~.auto_heads.HEADS` order."""
+        return [name for name in HEADS if name in (self.candidates or ())]
 
-@dataclasses.dataclass
-class Scored:
-    """One candidate: its fit on all the calibration data and its cross-fitted score.
-
-    Attributes:
-        method: the candidate's method name.
-        nll: (N,) float64 held-out NLL of every calibration sample (nats), or None when the candidate was left out.
-        reason: why it was left out (None when scored).
-        seconds: the wall time of its fits (on all the data, then on the folds).
-        fitted: (calibrator fitted on all the data, its fit summary, its options, the warnings its fit raised), or None.
-    """
-
-    method: str
-    nll: Optional[torch.Tensor]
-    reason: Optional[str] = None
-    seconds: float = 0.0
-    fitted: Optional[Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]] = None
-
-
-def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]:
-    """``method`` with its defaults fitted on all the (N, C) ``logits`` and (N,) ``labels`` as a fit of it by name
-    would be; the warnings it raises are kept, not shown (only the chosen method's are the user's)."""
-    cls = calibrator_class(method)
-    seeded = {"seed": engine.options.seed} if "seed" in {field.name for field in dataclasses.fields(cls.Options)} else {}
-    options = cls.Options(**seeded)  # as fit(method=..., seed=...) sets a method's own seed with the fit's
-    calibrator = cls.create(logits.shape[1], options).to(logits.device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        summary = fit_on_cached_logits(calibrator, options, logits, labels, engine)
-    return calibrator, summary, options, list(caught)
-
-
-def fold_options(options: Any, summary: Dict[str, Any]) -> Optional[Any]:
-    """The options a candidate is fitted with on the folds: a linear map's l2 strength held at what its fit on all the
-    data chose (its own cross-fitting of that choice would make the folds' fits 5× dearer), other options as they
-    are; None when that fit chose temperature scaling itself (no l2), whose folds are temperature scaling's."""
-    if not isinstance(options, RegularisedOptions) or options.l2 is not None:
-        return options
-    return None if summary.get("l2") is None else dataclasses.replace(options, l2=summary["l2"])
-
-
-def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold]) -> torch.Tensor:
-    """(N,) float64 per-sample NLL (nats) of ``method`` with ``options`` on (N, C) ``logits`` and (N,) ``labels``, each
-    sample scored by the fit on the folds that do not hold it. A fold's fitting rows below the method's least data
-    raise :class:`~hf_calibrate.calibrators.InsufficientDataError`."""
-    cls = calibrator_class(method)
-    needs = getattr(cls, "requirements", DataRequirements())
-    scores = torch.empty(len(labels), dtype=torch.float64)
-    for fit_rows, held_rows in folds:
-        check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs)
-        calibrator = cls.create(logits.shape[1], options).to(logits.device)
-        with warnings.catch_warnings():  # a fold's fit is not the user's fit
-            warnings.simplefilter("ignore")
-            calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, QUIET)
-        calibrator.is_fitted = True
-        with torch.no_grad():
-            held = calibrator(logits[held_rows]).double()
-        scores[held_rows] = torch.nn.functional.cross_entropy(held, labels[held_rows], reduction="none").cpu()
-    return scores
-
-
-def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -> Optional[str]:
-    """Why a method with per-class parameters cannot be a candidate when classes are absent from the calibration data
-    (None otherwise): no held-out row of an absent class exists, so cross-fitting cannot see what the fit does to it."""
-    present = int(torch.unique(labels).numel())
-    if present == num_classes or not getattr(calibrator_class(method), "requirements", DataRequirements()).per_class:
-        return None
-    return (f"{num_classes - present} of the {num_classes} classes are absent from the calibration data; {method} has "
-            "per-class parameters, and no held-out row can show what it does to those classes")
-
-
-def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold], engine: Engine,
-                    reference: Optional[torch.Tensor]) -> Scored:
-    """One candidate fitted on all the data and scored by cross-fitting (``reference``: temperature scaling's scores,
-    which a linear map that chose temperature scaling shares). Data below the candidate's least, or that its fit
-    refuses, leave it out with the reason; the reference, temperature scaling, is never excused (its error is the user's)."""
-    start = time.perf_counter()
-    absent = absent_classes_reason(method, logits.shape[1], labels)
-    if absent is not None:
-        return Scored(method, None, absent, 0.0)
-    try:
-        fitted = fit_on_all(method, logits, labels, engine)
-        options = fold_options(fitted[2], fitted[1])
-        nll = reference if options is None else cross_fitted_nll(method, options, logits, labels, folds)
-    except ValueError as error:  # InsufficientDataError is one
-        if method == REFERENCE:
-            raise
-        return Scored(method, None, str(error).replace(f" {MORE_DATA_FIX}", ""), time.perf_counter() - start)
-    return Scored(method, nll, None, time.perf_counter() - start, fitted)
-
-
-def score_candidates(methods: Sequence[str], logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],
-                     engine: Engine, bar: Any) -> List[Scored]:
-    """:func:`score_candidate` of every method, temperature scaling (the first) included."""
-    scored: List[Scored] = []
-    for method in methods:
-        reference = scored[0].nll if scored else None
-        scored.append(score_candidate(method, logits, labels, folds, engine, reference))
-        bar.update(1)
-    return scored
+    def considers_clamping(self) -> bool:
+        """Whether Neural Clamping has a row: all candidates (taking part under a budget), or named among them."""
+        return self.candidates is None or CLAMPING in self.candidates
 
 
 @dataclasses.dataclass
@@ -241,19 +160,28 @@ def auto_record(scored: Sequence[Scored], choice: Choice, logits: torch.Tensor, 
 
 
 def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any]:
-    """Choose among ``options.methods()`` on ``data`` through the frozen ``backbone``; the chosen method's fit on all
-    of it is the result.
+    """Choose among ``options.methods()`` (and Neural Clamping under ``options.budget``) on ``data`` through the frozen
+    ``backbone``; the chosen method's fit on all of it is the result.
 
     Returns the fitted calibrator (on every process the main process's), its fit summary with ``"auto"``
     (:func:`auto_record`), and the chosen method's options (its defaults). The chosen fit's warnings are the user's.
     """
+    started = time.perf_counter()
     num_classes, _ = probe(backbone, data, engine)
     logits, labels = engine.collect_logits(backbone, data)
+    pass_seconds = time.perf_counter() - started
     labels = check_fit_logits(logits, labels, num_classes)
     folds = stratified_folds(labels, options.folds, engine.options.seed)
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar)
+    estimate = None
+    if options.considers_clamping():
+        estimate, clamping = _clamping_candidate(backbone, data, options.budget, scored[0].nll, engine,
+                                                 (pass_seconds, time.perf_counter() - started))
+        scored.append(clamping)
+    if options.heads():
+        scored += score_heads(options.heads(), backbone, data, folds, engine, num_classes)
     choice = choose(scored)
     calibrator, summary, chosen_options, caught = next(entry.fitted for entry in scored if entry.method == choice.method)
     for warning in caught if engine.is_main else []:
@@ -262,5 +190,19 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
         summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(labels)} "
                                f"calibration rows; {len(folds)} folds were used (one row held out in each)."]
     summary["auto"] = auto_record(scored, choice, logits, labels, len(folds))
+    summary["auto"].update(budget=options.budget, neural_clamping_estimate=estimate)
     engine.broadcast_module(calibrator)
     return calibrator, summary, chosen_options
+
+
+def _clamping_candidate(backbone: Backbone, data: CalibrationData, budget: Optional[float], reference: torch.Tensor,
+                        engine: Engine, seconds: Tuple[float, float]) -> Tuple[float, Scored]:
+    """(Neural Clamping's estimated seconds, its row): scored when the estimate fits what is left of ``budget``, else
+    left out with the reason. ``seconds`` (the base model's pass, the time auto has taken so far) are the main
+    process's on every process, so that all of them decide alike."""
+    pass_seconds, elapsed = _distributed.broadcast_(torch.tensor(seconds, dtype=torch.float64, device=engine.device)).tolist()
+    estimate = estimated_seconds(pass_seconds)
+    reason = budget_reason(budget, estimate, (budget or 0.0) - elapsed)
+    if reason is not None:
+        return estimate, Scored(CLAMPING, None, reason)
+    return estimate, score_clamping(backbone, data, reference, engine)

@@ -115,6 +115,9 @@ class Engine:
         self.faults = FaultLedger()  # bad data found on this process, raised on all (see faults.py)
         #: receives the base logits this fit computes of one data object (see kept_logits.py); None: keep none
         self.kept_logits: Optional[KeptLogits] = None
+        #: receives (dataset rows, per-row held-out NLL difference to temperature scaling) of a cross-fitted Neural
+        #: Clamping fit, which ``method="auto"`` compares it by (see auto_clamping.py); None: keep none
+        self.held_out_sink: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
         if _distributed.world_size() != self.world:
             raise RuntimeError(
                 f"torch.distributed runs {_distributed.world_size()} processes but Accelerate reports {self.world}: "

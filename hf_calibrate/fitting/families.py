@@ -129,14 +129,19 @@ def fit_calibrator(
     ``data``); ``temperature_data`` is where head methods fit their optional temperature.
     Returns the fitted calibrator (on every process the main process's) and the fit summary.
     """
+    calibrator = create_calibrator(backbone, data, method, method_options, engine)
+    summary = family_of(type(calibrator)).fit(calibrator, method_options, FitInputs(backbone, data, engine, validation, temperature_data))
+    engine.broadcast_module(calibrator)
+    return calibrator, summary
+
+
+def create_calibrator(backbone: Backbone, data: CalibrationData, method: str, method_options: Any, engine: Engine) -> Calibrator:
+    """An unfitted calibrator of ``method`` for ``backbone`` on the engine's device: sized by the classes and δ's shape
+    the first sample of ``data`` shows and its family's facts, its initial weights (heads) drawn from the fit's seed."""
     cls = calibrator_class(method)
-    family = family_of(cls)
     num_classes, delta_shape = probe(backbone, data, engine)
-    facts = {"delta_shape": delta_shape, "delta_space": backbone.delta_space, **family.facts(backbone)}
+    facts = {"delta_shape": delta_shape, "delta_space": backbone.delta_space, **family_of(cls).facts(backbone)}
     with torch.random.fork_rng(devices=[]):  # seeded initial weights (heads); the user's RNG is untouched
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=engine.generator(INITIAL_WEIGHTS_SALT))))
         calibrator = cls.create(num_classes, method_options, **facts)
-    calibrator.to(engine.device)
-    summary = family.fit(calibrator, method_options, FitInputs(backbone, data, engine, validation, temperature_data))
-    engine.broadcast_module(calibrator)
-    return calibrator, summary
+    return calibrator.to(engine.device)

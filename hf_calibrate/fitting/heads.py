@@ -111,33 +111,59 @@ def fit_head(
     samples) before any training.
     """
     cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
-    if validation is None and options.holdout_fraction == 0:
-        raise ValueError(f"{calibrator.method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
+    _require_selection_data(calibrator.method, validation, options)
     features, labels = collect_features(backbone, train, engine, description="features (train)", directory=cache)
     if validation is None:
-        train_indices, validation_indices = engine.split_indices(len(train), options.holdout_fraction)
-        validation = train
-        val_features, val_labels = (tensor[validation_indices.to(tensor.device)].to(engine.device) for tensor in (features, labels))
-    else:
-        train_indices = None
-        val_features, val_labels = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
-    train_store = FeatureStore(features, labels, train_indices)
+        summary = fit_head_on_features(backbone, calibrator, options, (features, labels), torch.arange(len(labels)), engine, temperature_data)
+        return {"trained_on": train.description, **summary}
+    held = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
+    summary = _train_and_summarise(backbone, calibrator, options, FeatureStore(features, labels), held, engine)
+    summary["validated_on"] = validation.description
+    return {"trained_on": train.description, **_with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine)}
+
+
+def _require_selection_data(method: str, validation: Optional[CalibrationData], options: HeadOptions) -> None:
+    if validation is None and options.holdout_fraction == 0:
+        raise ValueError(f"{method} selects its epoch on validation data: pass validation_data=... or holdout_fraction > 0.")
+
+
+def fit_head_on_features(backbone: Backbone, calibrator: HeadCalibrator, options: HeadOptions, cached: Tuple[torch.Tensor, torch.Tensor],
+                         rows: torch.Tensor, engine: Engine, temperature_data: Optional[CalibrationData] = None) -> Dict[str, Any]:
+    """Train ``calibrator``'s head on ``rows`` of the cached (features (N, d), labels (N,)), a ``holdout_fraction``
+    share of them held out to choose the epoch and, with ``options.temperature``, to fit the temperature (unless
+    ``temperature_data`` are given); the fit summary. ``method="auto"`` calls this once per fold."""
+    _require_selection_data(calibrator.method, None, options)
+    features, labels = cached
+    train_positions, held_positions = engine.split_indices(len(rows), options.holdout_fraction)
+    train_rows, held_rows = rows[train_positions.cpu()], rows[held_positions.cpu()]
+    held = tuple(tensor[held_rows.to(tensor.device)].to(engine.device) for tensor in (features, labels))
+    summary = _train_and_summarise(backbone, calibrator, options, FeatureStore(features, labels, train_rows), held, engine)
+    summary["validated_on"] = f"{len(held_rows)} held-out samples of the training data"
+    return _with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine)
+
+
+def _with_temperature(summary: Dict[str, Any], backbone: Backbone, calibrator: HeadCalibrator, options: HeadOptions,
+                      temperature_data: Optional[CalibrationData], held: Tuple[torch.Tensor, torch.Tensor], engine: Engine) -> Dict[str, Any]:
+    """``summary`` with the optional temperature fitted (on ``temperature_data``, else the ``held`` features)."""
+    if options.temperature:
+        summary["temperature"], summary["warnings"] = _fit_temperature(backbone, calibrator, temperature_data, held, engine)
+    return summary
+
+
+def _train_and_summarise(backbone: Backbone, calibrator: HeadCalibrator, options: HeadOptions, train_store: FeatureStore,
+                         held: Tuple[torch.Tensor, torch.Tensor], engine: Engine) -> Dict[str, Any]:
+    """Train the head on ``train_store``, choosing the epoch on the ``held`` (features, labels); the fit summary."""
     calibrator.classifier = backbone.classifier_name
     generator = engine.generator(TRAINING_SALT)
     calibrator.prepare_training(backbone.final_layer(), options, generator, engine.generator)
-    history, best_epoch, best_nll = _train_head(calibrator, train_store, (val_features, val_labels), generator, options, engine)
+    history, best_epoch, best_nll = _train_head(calibrator, train_store, held, generator, options, engine)
     summary: Dict[str, Any] = {
-        "trained_on": train.description, "validated_on": validation.description if validation is not train else
-        f"{len(val_labels)} held-out samples of the training data", "train_samples": len(train_store),
-        "validation_samples": len(val_labels), "best_epoch": best_epoch, "epochs_run": len(history),
-        "best_validation_nll": best_nll, "still_improving": best_epoch == len(history),
+        "train_samples": len(train_store), "validation_samples": len(held[1]), "best_epoch": best_epoch,
+        "epochs_run": len(history), "best_validation_nll": best_nll, "still_improving": best_epoch == len(history),
         "classifier": calibrator.classifier, "history": history,
     }
     if summary["still_improving"] and options.epochs is None and len(history) > 1:
         _warn_still_improving(calibrator.method, best_epoch, options)
-    if options.temperature:
-        summary["temperature"], summary["warnings"] = _fit_temperature(backbone, calibrator, temperature_data,
-                                                                       (val_features, val_labels), engine)
     return summary
 
 

@@ -187,6 +187,7 @@ def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[GridPoint], lo
     selection = _paired_difference(choice, baseline_logits, held_labels)
     if options.require_significant_gain and not _significant(selection):
         selection["kept_delta"], choice = False, Choice()
+    _hand_over_held_out(fit, parts, choice, baseline_logits, held_labels)
     summary.update(history=history, selection=selection)
     summary["temperature_scaling"].update(baseline)
     return _apply_choice(fit, choice, parts, logits, labels, folds, summary)
@@ -226,13 +227,28 @@ def _refit_on_all(fit: Fit, choice: Choice, logits: torch.Tensor, labels: torch.
     return run.state.theta, iterations
 
 
+def _row_differences(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(n,) float64 pooled held-out NLL of the choice minus TS's, per held-out row (nats; zeros when nothing was chosen)."""
+    if choice.pooled is None:
+        return torch.zeros(len(labels), dtype=torch.float64)
+    ce = torch.nn.functional.cross_entropy
+    return ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
+
+
 def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
     """The pooled held-out NLL of the choice minus TS's, per sample, with its 95 % normal interval (None: no choice)."""
     if choice.pooled is None:
         return {"nll_difference": None}
-    ce = torch.nn.functional.cross_entropy
-    differences = ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
-    return {"nll_difference": paired_difference(differences)}
+    return {"nll_difference": paired_difference(_row_differences(choice, baseline_logits, labels))}
+
+
+def _hand_over_held_out(fit: Fit, parts: List[Part], choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """Give :attr:`Engine.held_out_sink` (when set) the calibration rows held out and the chosen fit's NLL difference to
+    TS on each (zeros on a fallback); held-out validation data are not calibration rows and are not handed over."""
+    if fit.engine.held_out_sink is None or parts[0].held_data is not fit.data:
+        return
+    rows = torch.cat([part.held.cpu() for part in parts])
+    fit.engine.held_out_sink.append((rows, _row_differences(choice, baseline_logits, labels)))
 
 
 def _round_record(runs: List[Run], iteration: int, point: GridPoint, held_labels: torch.Tensor, fit: Fit) -> Dict[str, Any]:

@@ -21,8 +21,9 @@ from hf_calibrate.calibrators.requirements import (
     check_calibration_data,
     outlier_warnings,
 )
+from hf_calibrate.fitting.auto import CANDIDATES
 
-LOGIT_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
+LOGIT_METHODS = CANDIDATES  # every logit method, as auto chooses among them
 
 
 def nearly_separable(n: int = 450, classes: int = 10, errors: int = 3, seed: int = 0):

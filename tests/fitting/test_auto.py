@@ -13,9 +13,11 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from _tiny_models import plain_data, plain_module
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, fit_inverse_temperature, stratified_folds
-from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, Scored, choose, cross_fitted_nll
+from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, choose
+from hf_calibrate.fitting.auto_scoring import Scored, cross_fitted_nll
 
 CLASSES = 4
 
@@ -121,8 +123,10 @@ def test_overconfidence_alone_keeps_temperature_scaling():
     logits, labels = _logits_and_labels(200, 2, scale=3.0)
     model = _fit_auto(logits, labels)
     assert model.method == "temperature"
-    assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *CANDIDATES]
+    assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *CANDIDATES, "neural_clamping"]
     assert model.calibrator.temperature.item() == pytest.approx(3.0, rel=0.25)
+    clamping = model.fit_summary["auto"]["candidates"][-1]
+    assert "not a candidate without a budget" in clamping["excluded"] and "pass budget=" in clamping["excluded"]
 
 
 def test_auto_saves_loads_and_says_why_in_its_card(biased_fit, tmp_path):
@@ -179,11 +183,86 @@ def test_more_folds_than_rows_are_said():
     assert model.fit_summary["auto"]["folds"] == 12
 
 
+# ----------------------------------------------------------------------------- Neural Clamping under a budget
+
+
+@pytest.fixture(scope="module")
+def clamping_fit() -> CalibratedModel:
+    """auto between temperature scaling and Neural Clamping, with a budget; through ``nn.Identity`` δ is a per-class
+    bias of the logits, which the bias in these logits asks for."""
+    logits, labels = _logits_and_labels(300, 9, bias=(2.0, 0.0, 0.0, -2.0))
+    return _fit_auto(logits, labels, candidates=["neural_clamping"], budget=600)
+
+
+def test_neural_clamping_takes_part_under_a_budget_on_its_own_fits_evidence(clamping_fit):
+    """Neural Clamping's row is its own cross-fitted difference to temperature scaling, put on auto's scale: the
+    paired mean in auto's table is the one its fit selected by."""
+    assert clamping_fit.method == "neural_clamping"
+    record = clamping_fit.fit_summary["auto"]
+    row = next(row for row in record["candidates"] if row["method"] == "neural_clamping")
+    own = clamping_fit.fit_summary["selection"]["nll_difference"]
+    assert row["excluded"] is None and row["seconds"] > 0 and row["versus_temperature"]["high"] < 0
+    assert row["versus_temperature"]["point"] == pytest.approx(own["point"], abs=1e-9)
+    assert record["budget"] == 600 and record["neural_clamping_estimate"] > 0
+
+
+def test_auto_chosen_neural_clamping_saves_and_loads(clamping_fit, tmp_path):
+    logits, _ = _logits_and_labels(20, 10)
+    clamping_fit.save_pretrained(tmp_path)
+    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=nn.Identity())
+    assert loaded.method == "neural_clamping" and loaded.fit_summary["auto"] == clamping_fit.fit_summary["auto"]
+    torch.testing.assert_close(loaded(logits), clamping_fit(logits))
+
+
+def test_neural_clamping_outside_the_budget_is_left_out_saying_what_would_admit_it():
+    logits, labels = _logits_and_labels(120, 11)
+    model = _fit_auto(logits, labels, candidates=["neural_clamping"], budget=1e-6)
+    row = model.fit_summary["auto"]["candidates"][-1]
+    assert row["method"] == "neural_clamping" and row["held_out_nll"] is None and model.method == "temperature"
+    assert "more than the 0 s left of budget=1e-06" in row["excluded"] and "raise budget to at least" in row["excluded"]
+    assert "neural_clamping" not in {row["method"] for row in _fit_auto(logits, labels, candidates=["vector"]).fit_summary["auto"]["candidates"]}
+
+
+def test_a_stream_read_once_leaves_neural_clamping_out_with_the_fix():
+    logits, labels = _logits_and_labels(200, 12)
+    batches = ((logits[start:start + 50], labels[start:start + 50]) for start in range(0, 200, 50))
+    model = CalibratedModel.fit(nn.Identity(), batches, method="auto", candidates=["neural_clamping"], budget=600, progress=False)
+    row = model.fit_summary["auto"]["candidates"][-1]
+    assert row["method"] == "neural_clamping" and "can be read only once" in row["excluded"] and "lambda: make_batches()" in row["excluded"]
+    assert model.method == "temperature"
+
+
+# ----------------------------------------------------------------------------- head methods, when named
+
+
+def test_a_named_head_method_is_cross_fitted_on_the_base_features():
+    """MaC-Cal (the cheapest head: 30 epochs) takes part when named: its row has a held-out NLL from fits that did
+    not see each row (the same folds as the logit candidates), and the rule then chooses as it does for any row."""
+    module = plain_module(0)
+    model = CalibratedModel.fit(module, plain_data(module), method="auto", candidates=["mac_cal"], progress=False)
+    rows = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}
+    assert list(rows) == ["uncalibrated", "temperature", "mac_cal"]
+    assert rows["mac_cal"]["excluded"] is None and rows["mac_cal"]["held_out_nll"] > 0 and rows["mac_cal"]["seconds"] > 0
+    difference = rows["mac_cal"]["versus_temperature"]
+    assert model.method == ("mac_cal" if difference["high"] < 0 else "temperature")
+
+
+def test_head_methods_are_left_out_when_classes_are_absent():
+    module = plain_module(0)
+    data = plain_data(module)
+    kept = [index for index in range(len(data)) if int(data[index][1]) != 0]
+    model = CalibratedModel.fit(module, torch.utils.data.Subset(data, kept), method="auto", candidates=["mac_cal"], progress=False)
+    row = model.fit_summary["auto"]["candidates"][-1]
+    assert row["method"] == "mac_cal" and "classes are absent" in row["excluded"] and model.method == "temperature"
+
+
 # ----------------------------------------------------------------------------- what auto refuses
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"candidates": ["neural_clamping"]}, ("neural_clamping", "fit them by name")),
+    ({"candidates": ["focal"]}, ("focal", "tst, vtst, mac_cal", "Fit another method by name")),
+    ({"candidates": ["neural_clamping"]}, ("neural_clamping together with budget=<seconds>",)),
+    ({"budget": 0}, ("budget", "a positive number in (0, 604800]")),
     ({"candidates": ["vector", "vector"]}, ("distinct",)),
     ({"candidates": "vector"}, ("a list whose items are each a string, or None", "Write candidates=['vector']")),
     ({"candidates": []}, ("non-empty list", "leave it out")),

@@ -27,6 +27,7 @@ SCRIPTS = {
     "scale": "bench_scale.py",  # streams of 2k and 4k samples, memory measured in-process
     "safe_defaults": "bench_safe_defaults.py",  # the digits CNN's cached logits, 1 seed, peers where installed
     "mac_cal_ablation": "bench_mac_cal_ablation.py",  # the digits CNN's cached features, 1 seed
+    "auto_budget": "bench_auto_budget.py",  # the digits CNN on 120 rows, 1 seed
     "gpu": "bench_gpu.py",  # on CPU with --quick: tiny models, marked as not GPU numbers
 }
 TABLE_RULE = re.compile(r"^\|(-{3,}:?\|)+$", re.MULTILINE)

@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import CALIBRATORS, calibrator_class, fit_inverse_temperature
+from hf_calibrate.fitting.auto import CANDIDATES
 from hf_calibrate.metrics import CalibrationMetrics, calibration_report, expected_calibration_error, negative_log_likelihood
 from hf_calibrate.serialization import weights_fingerprint
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_models import LABELS, image_data, tiny_timm  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LOGIT_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
+LOGIT_METHODS = CANDIDATES  # every logit method, as auto chooses among them
 ALL_METHODS = tuple(CALIBRATORS)
 #: options that make every method's fit short (only reached where a check failed to stop it)
 FAST = {"neural_clamping": dict(epochs=1, holdout_fraction=0.0), "tst": dict(epochs=1), "vtst": dict(epochs=1), "mac_cal": dict(epochs=1)}

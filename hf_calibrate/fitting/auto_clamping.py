@@ -1,0 +1,91 @@
+"""Neural Clamping as a candidate of ``method="auto"``, when its estimated time fits the ``budget`` option.
+
+Neural Clamping is not a logit method: each of its L-BFGS iterations is a forward and backward pass of the base
+model, so it cannot be refitted on auto's folds at the logit methods' cost. It is scored instead by its own fit, as a
+fit of it by name would run: that fit cross-fits δ on two folds and chooses its stopping iteration against
+temperature scaling fitted on the same folds, and hands auto, per held-out row, its NLL minus that temperature
+scaling's (:attr:`~hf_calibrate.fitting.engine.Engine.held_out_sink`). Added to the rows of auto's own temperature
+scaling, these put Neural Clamping on auto's scale: its paired difference to temperature scaling is its own fit's.
+
+That difference is slightly optimistic, since the stopping iteration was chosen on the same held-out rows (as a
+linear map's l2 is in auto); auto's rule, which asks for a whole 95 % interval below 0, is there to absorb it. A fit
+that held out only part of the rows (fewer than 50 or more than 10,000 of them) counts the other rows as no
+difference, which can only weaken the evidence for it.
+
+The time estimate is the base model's pass over the calibration data, timed in auto's own pass, times
+:data:`PASSES_PER_FIT`. It is an estimate, not a bound: measured fits took 0.40–1.13× of it on the digits models
+(``benchmarks/results/auto_budget.md``), so a budget can be overrun by a little (docs/design.md §3.5).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..backbones import Backbone
+from ..calibrators.neural_clamping import LBFGS_DEFAULTS
+from ..data import CalibrationData
+from .auto_scoring import Scored, default_options
+from .engine import Engine
+from .families import fit_calibrator
+
+#: the method name
+CLAMPING = "neural_clamping"
+#: passes of the base model over all the calibration data that a default fit takes when it runs all its iterations, counting a forward and
+#: backward pass as two: its own pass for the base logits and the start of both folds' runs (3), then per L-BFGS
+#: round the two folds' objective (a forward and backward pass over half the rows each: 2) and their held-out
+#: scoring (1), with one spare evaluation for a line search
+PASSES_PER_FIT = 3 + 4 * LBFGS_DEFAULTS["max_iterations"]
+
+
+def estimated_seconds(pass_seconds: float) -> float:
+    """Seconds a default Neural Clamping fit is estimated to take, from one pass of the base model (seconds)."""
+    return pass_seconds * PASSES_PER_FIT
+
+
+def _seconds(seconds: float) -> str:
+    return "1 s" if seconds < 1 else f"{seconds:,.0f} s"
+
+
+def budget_reason(budget: Optional[float], estimate: float, left: float) -> Optional[str]:
+    """Why Neural Clamping is left out under ``budget`` (seconds, None: no budget) with ``left`` of it after the logit
+    candidates, its fit estimated at ``estimate`` seconds; None when it fits."""
+    if budget is None:
+        return (f"not a candidate without a budget: its fit would take about {_seconds(estimate)} here "
+                f"(auto's logit candidates take seconds); pass budget=<seconds> (e.g. budget={max(60, 2 * estimate):.0f}) to let it take part")
+    if estimate > left:
+        return (f"its fit would take about {_seconds(estimate)}, more than the {max(left, 0.0):,.0f} s left of "
+                f"budget={budget:g} after the logit candidates; raise budget to at least {math.ceil(estimate + budget - left)} to let it take part")
+    return None
+
+
+def score_clamping(backbone: Backbone, data: CalibrationData, reference: torch.Tensor, engine: Engine) -> Scored:
+    """Neural Clamping with its defaults fitted on all of ``data``, its (N,) held-out NLL put on auto's scale through
+    ``reference`` (auto's cross-fitted temperature scaling, (N,) nats). A fit that refuses the data (e.g. a stream
+    that can be read only once) leaves it out with the reason; one that fell back to temperature scaling shares
+    ``reference``."""
+    start = time.perf_counter()
+    options = default_options(CLAMPING, engine)
+    sink: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    engine.held_out_sink = sink
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            calibrator, summary = fit_calibrator(backbone, data, CLAMPING, options, engine)
+    except ValueError as error:
+        return Scored(CLAMPING, None, str(error), time.perf_counter() - start)
+    finally:
+        engine.held_out_sink = None
+    fitted = (calibrator, summary, options, list(caught))
+    seconds = time.perf_counter() - start
+    if summary.get("fell_back_to_temperature_scaling", False) or not sink:
+        return Scored(CLAMPING, reference, None, seconds, fitted)
+    rows, differences = sink[0]
+    scores = reference.clone()
+    scores[rows] += differences.to(scores)
+    return Scored(CLAMPING, scores, None, seconds, fitted)
+

@@ -1,0 +1,81 @@
+"""The head methods (TST, V-TST, MaC-Cal) as candidates of ``method="auto"``, when named in its ``candidates``.
+
+A head is trained on the base's features, not its logits, so a head candidate costs passes of the base model (the
+features cached once for the folds of every head candidate, and its fit by name's own pass) and K + 1 head fits: its fit by name on all the calibration
+data, which is the one kept if it wins, and one fit per fold on that fold's fitting rows, which scores the rows it
+did not see. Each fold's fit is the by-name fit on fewer rows: it holds out its own ``holdout_fraction`` of them to
+choose its epoch (and, with ``temperature=True``, its temperature). So every calibration row gets a held-out NLL from
+a head that never saw it, on the same folds as the logit candidates, and the same 95 % rule applies.
+
+Heads have per-class output weights, so like the per-class logit maps they are left out when classes are absent from
+the calibration data. They take part only when asked: on the digits models one default head fit takes about a
+minute on a CPU (``benchmarks/results/quality.md``), and auto fits K + 1 of them.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, List, Sequence, Tuple
+
+import torch
+
+from ..backbones import Backbone
+from ..calibrators.holdout import Fold
+from ..data import CalibrationData
+from .auto_scoring import Scored, default_options
+from .engine import Engine
+from .families import create_calibrator, fit_calibrator
+from .heads import collect_features, fit_head_on_features
+
+#: the head methods auto can take as candidates, simplest first
+HEADS = ("tst", "vtst", "mac_cal")
+
+
+def score_heads(methods: Sequence[str], backbone: Backbone, data: CalibrationData, folds: Sequence[Fold], engine: Engine,
+                num_classes: int) -> List[Scored]:
+    """Every head method of ``methods`` fitted on all of ``data`` (of ``num_classes`` classes) and cross-fitted on
+    ``folds`` over features cached in one pass (:func:`score_head`)."""
+    try:  # a model without a classifier layer, or a stream already read: the heads are left out, auto goes on
+        cached = collect_features(backbone, data, engine, description="features (auto's head candidates)")
+    except (ValueError, RuntimeError) as error:
+        return [Scored(method, None, str(error)) for method in methods]
+    missing = num_classes - int(torch.unique(cached[1]).numel())
+    if missing:
+        return [Scored(method, None, f"{missing} of the {num_classes} classes are absent from the calibration data; {method}'s "
+                       "head has per-class weights, and no held-out row can show what it does to those classes") for method in methods]
+    return [score_head(method, backbone, data, cached, folds, engine) for method in methods]
+
+
+def score_head(method: str, backbone: Backbone, data: CalibrationData, cached: Tuple[torch.Tensor, torch.Tensor], folds: Sequence[Fold], engine: Engine) -> Scored:
+    """One head candidate: its fit by name, then its (N,) cross-fitted held-out NLL (nats) from one fit per fold on the
+    cached (features (N, d), labels (N,)). Data a fit refuses leave it out with the reason."""
+    start = time.perf_counter()
+    options = default_options(method, engine)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            calibrator, summary = fit_calibrator(backbone, data, method, options, engine)
+        nll = cross_fitted_head_nll(method, options, backbone, data, cached, folds, engine)
+    except ValueError as error:  # InsufficientDataError is one
+        return Scored(method, None, str(error), time.perf_counter() - start)
+    return Scored(method, nll, None, time.perf_counter() - start, (calibrator, summary, options, list(caught)))
+
+
+def cross_fitted_head_nll(method: str, options: Any, backbone: Backbone, data: CalibrationData, cached: Tuple[torch.Tensor, torch.Tensor],
+                          folds: Sequence[Fold], engine: Engine) -> torch.Tensor:
+    """(N,) float64 per-row NLL (nats) of ``method``'s head with ``options``, each row scored by the head fitted on the
+    folds that do not hold it (its own epoch and temperature chosen on a held-out share of those)."""
+    features, labels = cached
+    scores = torch.empty(len(labels), dtype=torch.float64)
+    for fit_rows, held_rows in folds:
+        calibrator = create_calibrator(backbone, data, method, options, engine)
+        with warnings.catch_warnings():  # a fold's fit is not the user's fit
+            warnings.simplefilter("ignore")
+            fit_head_on_features(backbone, calibrator, options, cached, fit_rows.cpu(), engine)
+        with torch.no_grad():
+            held = features[held_rows.to(features.device)].to(engine.device)
+            logits = calibrator(calibrator.head_module.eval()(held)).double()
+        scores[held_rows.cpu()] = torch.nn.functional.cross_entropy(logits, labels[held_rows.to(labels.device)].to(engine.device),
+                                                                    reduction="none").cpu()
+    return scores

@@ -1,0 +1,131 @@
+"""How ``method="auto"`` scores a logit candidate: fitted on all the calibration logits, then cross-fitted on K folds
+so that every row's held-out NLL comes from a fit that never saw it (:mod:`.auto` chooses on these scores)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..calibrators import Calibrator, RegularisedOptions, calibrator_class
+from ..calibrators.base import FitContext
+from ..calibrators.holdout import Fold
+from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
+from .engine import Engine
+from .families import fit_on_cached_logits
+
+#: the candidate every other must beat: the simplest, and the one that needs the least data
+REFERENCE = "temperature"
+#: what a fold's fit reports: nothing (the refit on all the data reports as any fit does)
+QUIET = FitContext(announce=False)
+
+
+@dataclasses.dataclass
+class Scored:
+    """One candidate: its fit on all the calibration data and its cross-fitted score.
+
+    Attributes:
+        method: the candidate's method name.
+        nll: (N,) float64 held-out NLL of every calibration sample (nats), or None when the candidate was left out.
+        reason: why it was left out (None when scored).
+        seconds: the wall time of its fits (on all the data, then on the folds).
+        fitted: (calibrator fitted on all the data, its fit summary, its options, the warnings its fit raised), or None.
+    """
+
+    method: str
+    nll: Optional[torch.Tensor]
+    reason: Optional[str] = None
+    seconds: float = 0.0
+    fitted: Optional[Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]] = None
+
+
+def default_options(method: str, engine: Engine) -> Any:
+    """``method``'s default options, with the fit's seed where the method has its own (as ``fit(method=..., seed=...)``
+    sets it)."""
+    cls = calibrator_class(method)
+    seeded = {"seed": engine.options.seed} if "seed" in {field.name for field in dataclasses.fields(cls.Options)} else {}
+    return cls.Options(**seeded)
+
+
+def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]:
+    """``method`` with its defaults fitted on all the (N, C) ``logits`` and (N,) ``labels`` as a fit of it by name
+    would be; the warnings it raises are kept, not shown (only the chosen method's are the user's)."""
+    options = default_options(method, engine)
+    calibrator = calibrator_class(method).create(logits.shape[1], options).to(logits.device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = fit_on_cached_logits(calibrator, options, logits, labels, engine)
+    return calibrator, summary, options, list(caught)
+
+
+def fold_options(options: Any, summary: Dict[str, Any]) -> Optional[Any]:
+    """The options a candidate is fitted with on the folds: a linear map's l2 strength held at what its fit on all the
+    data chose (its own cross-fitting of that choice would make the folds' fits 5× dearer), other options as they
+    are; None when that fit chose temperature scaling itself (no l2), whose folds are temperature scaling's."""
+    if not isinstance(options, RegularisedOptions) or options.l2 is not None:
+        return options
+    return None if summary.get("l2") is None else dataclasses.replace(options, l2=summary["l2"])
+
+
+def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold]) -> torch.Tensor:
+    """(N,) float64 per-sample NLL (nats) of ``method`` with ``options`` on (N, C) ``logits`` and (N,) ``labels``, each
+    sample scored by the fit on the folds that do not hold it. A fold's fitting rows below the method's least data
+    raise :class:`~hf_calibrate.calibrators.InsufficientDataError`."""
+    cls = calibrator_class(method)
+    needs = getattr(cls, "requirements", DataRequirements())
+    scores = torch.empty(len(labels), dtype=torch.float64)
+    for fit_rows, held_rows in folds:
+        check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs)
+        calibrator = cls.create(logits.shape[1], options).to(logits.device)
+        with warnings.catch_warnings():  # a fold's fit is not the user's fit
+            warnings.simplefilter("ignore")
+            calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, QUIET)
+        calibrator.is_fitted = True
+        with torch.no_grad():
+            held = calibrator(logits[held_rows]).double()
+        scores[held_rows] = torch.nn.functional.cross_entropy(held, labels[held_rows], reduction="none").cpu()
+    return scores
+
+
+def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -> Optional[str]:
+    """Why a method with per-class parameters cannot be a candidate when classes are absent from the calibration data
+    (None otherwise): no held-out row of an absent class exists, so cross-fitting cannot see what the fit does to it."""
+    present = int(torch.unique(labels).numel())
+    if present == num_classes or not getattr(calibrator_class(method), "requirements", DataRequirements()).per_class:
+        return None
+    return (f"{num_classes - present} of the {num_classes} classes are absent from the calibration data; {method} has "
+            "per-class parameters, and no held-out row can show what it does to those classes")
+
+
+def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold], engine: Engine,
+                    reference: Optional[torch.Tensor]) -> Scored:
+    """One candidate fitted on all the data and scored by cross-fitting (``reference``: temperature scaling's scores,
+    which a linear map that chose temperature scaling shares). Data below the candidate's least, or that its fit
+    refuses, leave it out with the reason; the reference, temperature scaling, is never excused (its error is the user's)."""
+    start = time.perf_counter()
+    absent = absent_classes_reason(method, logits.shape[1], labels)
+    if absent is not None:
+        return Scored(method, None, absent, 0.0)
+    try:
+        fitted = fit_on_all(method, logits, labels, engine)
+        options = fold_options(fitted[2], fitted[1])
+        nll = reference if options is None else cross_fitted_nll(method, options, logits, labels, folds)
+    except ValueError as error:  # InsufficientDataError is one
+        if method == REFERENCE:
+            raise
+        return Scored(method, None, str(error).replace(f" {MORE_DATA_FIX}", ""), time.perf_counter() - start)
+    return Scored(method, nll, None, time.perf_counter() - start, fitted)
+
+
+def score_candidates(methods: Sequence[str], logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],
+                     engine: Engine, bar: Any) -> List[Scored]:
+    """:func:`score_candidate` of every method, temperature scaling (the first) included."""
+    scored: List[Scored] = []
+    for method in methods:
+        reference = scored[0].nll if scored else None
+        scored.append(score_candidate(method, logits, labels, folds, engine, reference))
+        bar.update(1)
+    return scored
