@@ -23,7 +23,7 @@ import torch
 from ..backbones import Backbone
 from ..calibrators.holdout import Fold
 from ..data import CalibrationData
-from .auto_scoring import Scored, default_options
+from .auto_scoring import Scored, absent_classes_reason, default_options
 from .engine import Engine
 from .families import create_calibrator, fit_calibrator
 from .heads import collect_features, fit_head_on_features
@@ -40,11 +40,9 @@ def score_heads(methods: Sequence[str], backbone: Backbone, data: CalibrationDat
         cached = collect_features(backbone, data, engine, description="features (auto's head candidates)")
     except (ValueError, RuntimeError) as error:
         return [Scored(method, None, str(error)) for method in methods]
-    missing = num_classes - int(torch.unique(cached[1]).numel())
-    if missing:
-        return [Scored(method, None, f"{missing} of the {num_classes} classes are absent from the calibration data; {method}'s "
-                       "head has per-class weights, and no held-out row can show what it does to those classes") for method in methods]
-    return [score_head(method, backbone, data, cached, folds, engine) for method in methods]
+    absent = {method: absent_classes_reason(method, num_classes, cached[1]) for method in methods}
+    return [Scored(method, None, absent[method]) if absent[method] else score_head(method, backbone, data, cached, folds, engine)
+            for method in methods]
 
 
 def score_head(method: str, backbone: Backbone, data: CalibrationData, cached: Tuple[torch.Tensor, torch.Tensor], folds: Sequence[Fold], engine: Engine) -> Scored:

@@ -91,10 +91,12 @@ def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: to
 
 
 def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -> Optional[str]:
-    """Why a method with per-class parameters cannot be a candidate when classes are absent from the calibration data
-    (None otherwise): no held-out row of an absent class exists, so cross-fitting cannot see what the fit does to it."""
+    """Why a method with per-class parameters (a per-class logit map, or a head's output weights) cannot be a
+    candidate when classes are absent from the calibration data (None otherwise): no held-out row of an absent class
+    exists, so cross-fitting cannot see what the fit does to it."""
     present = int(torch.unique(labels).numel())
-    if present == num_classes or not getattr(calibrator_class(method), "requirements", DataRequirements()).per_class:
+    cls = calibrator_class(method)
+    if present == num_classes or not (getattr(cls, "requirements", DataRequirements()).per_class or cls.needs_features):
         return None
     return (f"{num_classes - present} of the {num_classes} classes are absent from the calibration data; {method} has "
             "per-class parameters, and no held-out row can show what it does to those classes")
