@@ -60,18 +60,26 @@ class AutoOptions:
         folds: K of the K-fold cross-fitting that scores the logit candidates (2 to 20, default 5; at most the number
             of calibration samples).
         budget: seconds the whole choice may take (default None: no budget, and Neural Clamping does not take part).
-            Neural Clamping takes part when the estimate of its fit (from the timed pass of the base model) fits in
-            what the logit candidates leave of it; its row says why when it does not.
+            It decides only whether Neural Clamping takes part: when the estimate of its fit (from the timed pass of the
+            base model) fits in what the other candidates (logit methods, then the named heads) leave of it; its row
+            says why when it does not. A soft limit: the other candidates always run, and the estimate can be off.
+        classifier: the layer the head candidates replace, as the head methods' own ``classifier`` option (a name in
+            ``model.named_modules()``; default None: the one the model's config names, else its last ``nn.Linear``
+            with one output per class). Only with a head method among the candidates.
     """
 
     candidates: Optional[Sequence[str]] = None
     folds: int = 5
     budget: Optional[float] = ranged(None, BUDGET)
+    classifier: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
         require(2 <= self.folds <= 20, "folds", self.folds, "an integer from 2 to 20")
         if self.candidates is None:
+            require(self.classifier is None, "classifier", self.classifier,
+                    f"left out, or a head method ({', '.join(HEADS)}) named among the candidates: it names the layer a head "
+                    "replaces, and the default candidates hold no head")
             return
         require(len(self.candidates) > 0, "candidates", self.candidates,
                 f"a non-empty list of methods among {', '.join(CANDIDATES + (CLAMPING,) + HEADS)} (leave it out for the default)")
@@ -87,6 +95,11 @@ class AutoOptions:
                 f"{CLAMPING} together with budget=<seconds>: its fit takes passes of the base model, and auto runs it "
                 "only when its estimated time fits the budget")
         self.candidates = list(self.candidates)
+        require(self.budget is None or CLAMPING in self.candidates, "budget", self.budget,
+                f"left out, or {CLAMPING} named among the candidates: the budget decides only whether Neural Clamping "
+                "takes part, and these candidates leave it out")
+        require(self.classifier is None or bool(self.heads()), "classifier", self.classifier,
+                f"left out, or a head method ({', '.join(HEADS)}) named among the candidates: it names the layer a head replaces")
 
     def methods(self) -> List[str]:
         """The logit candidates in :data:`CANDIDATES` order (simplest first), temperature scaling always among them."""
@@ -145,7 +158,8 @@ def _shown_worse(differences: torch.Tensor) -> bool:
 
 def auto_record(scored: Sequence[Scored], choice: Choice, logits: torch.Tensor, labels: torch.Tensor, folds: int) -> Dict[str, Any]:
     """``fit_summary["auto"]``: the choice, its reason, and one row per candidate (held-out NLL, paired difference to
-    temperature scaling, seconds, why it was left out, whether its own selection chose temperature scaling itself),
+    temperature scaling, seconds, why it was left out, whether its own selection chose temperature scaling itself, how
+    it was scored when not on auto's folds),
     after a row for the uncalibrated model (not cross-fitted: it has nothing to fit)."""
     uncalibrated = torch.nn.functional.cross_entropy(logits.double(), labels, reduction="none").cpu()
     reference = next(entry.nll for entry in scored if entry.method == REFERENCE)
@@ -155,7 +169,8 @@ def auto_record(scored: Sequence[Scored], choice: Choice, logits: torch.Tensor, 
         shares = entry.method != REFERENCE and entry.nll is not None and entry.nll is reference
         rows.append({"method": entry.method, "held_out_nll": None if entry.nll is None else float(entry.nll.mean()),
                      "versus_temperature": None if shares else choice.versus_reference.get(entry.method),
-                     "seconds": entry.seconds, "excluded": entry.reason, "is_temperature_scaling": shares})
+                     "seconds": entry.seconds, "excluded": entry.reason, "is_temperature_scaling": shares,
+                     "scored_by": entry.scoring})
     return {"chosen": choice.method, "reason": choice.reason, "folds": folds, "samples": len(labels), "candidates": rows}
 
 
@@ -175,13 +190,13 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar)
+    if options.heads():
+        scored += score_heads(options.heads(), backbone, data, folds, engine, num_classes, options.classifier)
     estimate = None
     if options.considers_clamping():
         estimate, clamping = _clamping_candidate(backbone, data, options.budget, scored[0].nll, engine,
                                                  (pass_seconds, time.perf_counter() - started))
-        scored.append(clamping)
-    if options.heads():
-        scored += score_heads(options.heads(), backbone, data, folds, engine, num_classes)
+        scored.insert(len(methods), clamping)  # simpler than a head: δ and T on the frozen model
     choice = choose(scored)
     calibrator, summary, chosen_options, caught = next(entry.fitted for entry in scored if entry.method == choice.method)
     for warning in caught if engine.is_main else []:

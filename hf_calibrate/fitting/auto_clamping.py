@@ -53,14 +53,14 @@ def _seconds(seconds: float) -> str:
 
 
 def budget_reason(budget: Optional[float], estimate: float, left: float) -> Optional[str]:
-    """Why Neural Clamping is left out under ``budget`` (seconds, None: no budget) with ``left`` of it after the logit
+    """Why Neural Clamping is left out under ``budget`` (seconds, None: no budget) with ``left`` of it after the other
     candidates, its fit estimated at ``estimate`` seconds; None when it fits."""
     if budget is None:
         return (f"not a candidate without a budget: its fit would take about {_seconds(estimate)} here "
                 f"(auto's logit candidates take seconds); pass budget=<seconds> (e.g. budget={max(60, 2 * estimate):.0f}) to let it take part")
     if estimate > left:
         return (f"its fit would take about {_seconds(estimate)}, more than the {max(left, 0.0):,.0f} s left of "
-                f"budget={budget:g} after the logit candidates; raise budget to at least {math.ceil(estimate + budget - left)} to let it take part")
+                f"budget={budget:g} after the other candidates; raise budget to at least {math.ceil(estimate + budget - left)} to let it take part")
     return None
 
 
@@ -88,5 +88,13 @@ def score_clamping(backbone: Backbone, data: CalibrationData, reference: torch.T
     rows, differences = sink[0]
     scores = reference.clone()
     scores[rows] += differences.to(scores)
-    return Scored(CLAMPING, scores, None, seconds, fitted)
+    return Scored(CLAMPING, scores, None, seconds, fitted, scoring=scoring_text(summary["folds"], len(rows), len(reference)))
+
+
+def scoring_text(folds: int, held: int, samples: int) -> str:
+    """How Neural Clamping's row was scored: by its own fit's ``folds``-fold cross-fitting, ``held`` of the ``samples``
+    calibration rows held out (the others count as no difference to temperature scaling)."""
+    share = "" if held == samples else f" on {held:,} of the {samples:,} rows (the others count as no difference)"
+    return (f"scored by its own fit's {folds}-fold cross-fitting{share}, its stopping iteration chosen on the same "
+            "held-out rows (slightly optimistic)")
 

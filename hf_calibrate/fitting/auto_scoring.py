@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,6 +33,7 @@ class Scored:
         reason: why it was left out (None when scored).
         seconds: the wall time of its fits (on all the data, then on the folds).
         fitted: (calibrator fitted on all the data, its fit summary, its options, the warnings its fit raised), or None.
+        scoring: how ``nll`` was scored when not on auto's own folds (Neural Clamping's: its own fit's), else None.
     """
 
     method: str
@@ -40,6 +41,7 @@ class Scored:
     reason: Optional[str] = None
     seconds: float = 0.0
     fitted: Optional[Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]] = None
+    scoring: Optional[str] = None
 
 
 def default_options(method: str, engine: Engine) -> Any:
@@ -70,24 +72,35 @@ def fold_options(options: Any, summary: Dict[str, Any]) -> Optional[Any]:
     return None if summary.get("l2") is None else dataclasses.replace(options, l2=summary["l2"])
 
 
+def score_folds(folds: Sequence[Fold], samples: int, held_out_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """(``samples``,) float64 per-sample NLL (nats): for each (fitting rows, held rows) of ``folds``,
+    ``held_out_nll(fitting rows, held rows)`` fits on the fitting rows and returns the held rows' NLL; a fold's fit
+    is not the user's fit, so its warnings are not shown."""
+    scores = torch.empty(samples, dtype=torch.float64)
+    for fit_rows, held_rows in folds:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scores[held_rows.cpu()] = held_out_nll(fit_rows, held_rows).double().cpu()
+    return scores
+
+
 def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold]) -> torch.Tensor:
     """(N,) float64 per-sample NLL (nats) of ``method`` with ``options`` on (N, C) ``logits`` and (N,) ``labels``, each
     sample scored by the fit on the folds that do not hold it. A fold's fitting rows below the method's least data
     raise :class:`~hf_calibrate.calibrators.InsufficientDataError`."""
     cls = calibrator_class(method)
     needs = getattr(cls, "requirements", DataRequirements())
-    scores = torch.empty(len(labels), dtype=torch.float64)
-    for fit_rows, held_rows in folds:
+
+    def held_out_nll(fit_rows: torch.Tensor, held_rows: torch.Tensor) -> torch.Tensor:
         check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs)
         calibrator = cls.create(logits.shape[1], options).to(logits.device)
-        with warnings.catch_warnings():  # a fold's fit is not the user's fit
-            warnings.simplefilter("ignore")
-            calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, QUIET)
+        calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, QUIET)
         calibrator.is_fitted = True
         with torch.no_grad():
             held = calibrator(logits[held_rows]).double()
-        scores[held_rows] = torch.nn.functional.cross_entropy(held, labels[held_rows], reduction="none").cpu()
-    return scores
+        return torch.nn.functional.cross_entropy(held, labels[held_rows], reduction="none")
+
+    return score_folds(folds, len(labels), held_out_nll)
 
 
 def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -> Optional[str]:

@@ -288,12 +288,25 @@ def fitted_text(method: str, summary: Mapping[str, Any]) -> Optional[str]:
 
 
 def auto_note(summary: Mapping[str, Any]) -> Optional[str]:
-    """The sentence saying which method ``method="auto"`` chose and why (None when the fit was not ``auto``)."""
+    """The sentences saying which method ``method="auto"`` chose and why, how the chosen one was scored when not on
+    auto's folds, and Neural Clamping's time estimate against the budget (None when the fit was not ``auto``)."""
     choice = summary.get("auto")
     if not choice:
         return None
-    return (f"auto chose {choice['chosen']} by {choice['folds']}-fold cross-fitted NLL on the {choice['samples']} "
+    note = (f"auto chose {choice['chosen']} by {choice['folds']}-fold cross-fitted NLL on the {choice['samples']} "
             f"calibration samples: {choice['reason']}")
+    chosen = next((row for row in choice["candidates"] if row["method"] == choice["chosen"]), {})
+    scored_by = chosen.get("scored_by") and f"({choice['chosen']} was {chosen['scored_by']}.)"
+    return " ".join(filter(None, [note, scored_by, _budget_text(choice)]))
+
+
+def _budget_text(choice: Mapping[str, Any]) -> Optional[str]:
+    """The budget sentence: the budget given (seconds) and Neural Clamping's estimated fit time (None without either)."""
+    budget, estimate = choice.get("budget"), choice.get("neural_clamping_estimate")
+    if estimate is None:
+        return None
+    given = "no budget was given" if budget is None else f"the budget was {budget:,.0f} s"
+    return f"Neural Clamping's fit was estimated at {estimate:,.0f} s; {given}."
 
 
 def auto_table(summary: Mapping[str, Any]) -> Optional[str]:
@@ -320,7 +333,8 @@ def _auto_status(row: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
     if row.get("is_temperature_scaling"):
         return ("its fit fell back to temperature scaling (δ did not help on its held-out folds)" if row["method"] == "neural_clamping"
                 else "its l2 selection chose temperature scaling itself")
-    return "**chosen**" if row["method"] == choice["chosen"] else ""
+    status = "**chosen**" if row["method"] == choice["chosen"] else ""
+    return "; ".join(filter(None, [status, row.get("scored_by")]))
 
 
 # ----------------------------------------------------------------------------- numbers with their uncertainty

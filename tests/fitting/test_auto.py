@@ -8,16 +8,21 @@ model of the chosen method that saves, loads and shows its choice in its card; w
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from _tiny_models import plain_data, plain_module
+from _tiny_models import NUM_CLASSES, plain_data, plain_module
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, fit_inverse_temperature, stratified_folds
+from hf_calibrate.fitting import auto
 from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, choose
 from hf_calibrate.fitting.auto_scoring import Scored, cross_fitted_nll
+from hf_calibrate.results.reporting import auto_note, auto_table
 
 CLASSES = 4
 
@@ -206,6 +211,19 @@ def test_neural_clamping_takes_part_under_a_budget_on_its_own_fits_evidence(clam
     assert record["budget"] == 600 and record["neural_clamping_estimate"] > 0
 
 
+def test_neural_clamping_row_and_note_say_how_it_was_scored_and_what_budget_admitted_it(clamping_fit):
+    """Its row was not scored on auto's folds but by its own fit's: the table and the note say so, and the note gives
+    the budget and the estimate it was admitted by."""
+    record = clamping_fit.fit_summary["auto"]
+    row = next(row for row in record["candidates"] if row["method"] == "neural_clamping")
+    assert row["scored_by"].startswith(f"scored by its own fit's {clamping_fit.fit_summary['folds']}-fold cross-fitting")
+    assert all(other["scored_by"] is None for other in record["candidates"][1:-1])
+    note, table = auto_note(clamping_fit.fit_summary), auto_table(clamping_fit.fit_summary)
+    assert "(neural_clamping was scored by its own fit's 2-fold cross-fitting" in note
+    assert f"estimated at {record['neural_clamping_estimate']:,.0f} s; the budget was 600 s." in note
+    assert "**chosen**; scored by its own fit's" in table
+
+
 def test_auto_chosen_neural_clamping_saves_and_loads(clamping_fit, tmp_path):
     logits, _ = _logits_and_labels(20, 10)
     clamping_fit.save_pretrained(tmp_path)
@@ -247,6 +265,46 @@ def test_a_named_head_method_is_cross_fitted_on_the_base_features():
     assert model.method == ("mac_cal" if difference["high"] < 0 else "temperature")
 
 
+def _two_classifier_layers() -> nn.Module:
+    """A model with two ``nn.Linear`` layers of C outputs: which one a head replaces is the user's to name."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, NUM_CLASSES), nn.Tanh(), nn.Linear(NUM_CLASSES, NUM_CLASSES)).eval()
+
+
+def _auto_choosing(monkeypatch, method: str):
+    """auto's rule, with its choice replaced by ``method`` (to reach what a chosen head gives, whatever its score)."""
+    real = auto.choose
+    monkeypatch.setattr(auto, "choose", lambda scored: dataclasses.replace(real(scored), method=method))
+
+
+def test_a_head_chosen_by_auto_is_its_fit_by_name_on_the_layer_auto_was_told(monkeypatch):
+    """auto's head is the by-name fit (the same weights, from the cached features), replacing the layer named with
+    ``classifier=``; naming it silences the guess's warning."""
+    module = _two_classifier_layers()
+    data = plain_data(plain_module(0))  # every class present
+    _auto_choosing(monkeypatch, "mac_cal")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = CalibratedModel.fit(module, data, method="auto", candidates=["mac_cal"], classifier="0", progress=False)
+    by_name = CalibratedModel.fit(module, data, method="mac_cal", classifier="0", progress=False)
+    assert chosen.method == "mac_cal" and chosen.calibrator.classifier == by_name.calibrator.classifier == "0"
+    assert not [warning for warning in caught if "nn.Linear layers" in str(warning.message)]
+    inputs = data.tensors[0]
+    torch.testing.assert_close(chosen(inputs), by_name(inputs))
+
+
+@pytest.mark.parametrize("chosen, warns", [("mac_cal", True), ("temperature", False)])
+def test_the_guessed_layers_warning_is_the_users_only_when_a_head_is_chosen(monkeypatch, chosen, warns):
+    module = _two_classifier_layers()
+    _auto_choosing(monkeypatch, chosen)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CalibratedModel.fit(module, plain_data(plain_module(0)), method="auto", candidates=["mac_cal"], progress=False)
+    guessed = [str(warning.message) for warning in caught if "nn.Linear layers" in str(warning.message)]
+    assert bool(guessed) == warns
+    assert all("classifier='0'" in message for message in guessed)
+
+
 def test_head_methods_are_left_out_when_classes_are_absent():
     module = plain_module(0)
     data = plain_data(module)
@@ -267,7 +325,10 @@ def test_head_methods_are_left_out_when_classes_are_absent():
     ({"candidates": "vector"}, ("a list whose items are each a string, or None", "Write candidates=['vector']")),
     ({"candidates": []}, ("non-empty list", "leave it out")),
     ({"folds": 1}, ("folds", "2 to 20")),
-    ({"epochs": 3}, ("epochs", "candidates, folds")),
+    ({"candidates": ["vector"], "budget": 60}, ("budget", "neural_clamping named among the candidates")),
+    ({"classifier": "0"}, ("classifier", "a head method (tst, vtst, mac_cal) named among the candidates")),
+    ({"candidates": ["vector"], "classifier": "0"}, ("classifier", "names the layer a head replaces")),
+    ({"epochs": 3}, ("epochs", "budget, candidates, classifier, folds")),
 ])
 def test_options_auto_cannot_use_are_refused_naming_the_fix(options, words):
     logits, labels = _logits_and_labels(100, 4)
