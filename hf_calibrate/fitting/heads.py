@@ -27,7 +27,7 @@ from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, HeadOptions
 from ..calibrators.temperature import fit_inverse_temperature, temperature_warnings
 from ..data import CalibrationData
-from ..metrics import calibration_report
+from ..metrics.functional import accuracy, expected_calibration_error, negative_log_likelihood
 from .engine import Engine
 
 #: salt of the seeded generator of the training batches' order (and of a head's per-step draws)
@@ -86,13 +86,17 @@ def _feature_dim(backbone: Backbone) -> int:
 
 
 def _evaluate(head: torch.nn.Module, features: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+    """An epoch's validation facts of ``head`` on (features (M, d), labels (M,)): NLL (nats), ECE, accuracy and mean
+    confidence minus accuracy. The functional metrics, not a whole report: this runs once per epoch, 6,000 times in a
+    default fit on a small set, where a report's other metrics cost 40 % of the fit."""
     with torch.no_grad():
         logits = head(features)
-    report = calibration_report(logits, labels, from_logits=True)
+    correct = accuracy(logits, labels, from_logits=True)
     probs = torch.softmax(logits.double(), dim=1)
     return {
-        "nll": report["nll"], "ece": report["ece"], "accuracy": report["accuracy"],
-        "confidence_gap": float(probs.max(dim=1).values.mean()) - report["accuracy"],
+        "nll": negative_log_likelihood(logits, labels, from_logits=True),
+        "ece": expected_calibration_error(logits, labels, from_logits=True), "accuracy": correct,
+        "confidence_gap": float(probs.max(dim=1).values.mean()) - correct,
     }
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..metrics import CalibrationMetrics, interval_report, verdict
-from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, check_bootstrap  # check_bootstrap: evaluate's check
+from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, PER_SAMPLE_METRICS, check_bootstrap  # check_bootstrap: evaluate's check
 from ..metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS_BETTER, check_seed
 
 #: metrics given with intervals: the bootstrap's defaults. smECE's are on request (bootstrap_intervals(...,
@@ -108,4 +108,4 @@ def summarize_one(
 
 def _interval_metrics(metrics: CalibrationMetrics) -> Tuple[str, ...]:
     """:data:`INTERVAL_METRICS` that ``metrics`` can resample (the per-sample ones need ``adaptive``)."""
-    return tuple(name for name in INTERVAL_METRICS if metrics.adaptive or name not in ("ada_ece", "smooth_ece"))
+    return tuple(name for name in INTERVAL_METRICS if metrics.adaptive or name not in PER_SAMPLE_METRICS)
