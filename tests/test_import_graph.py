@@ -17,7 +17,11 @@ How an import becomes edges (``M`` is the importing module):
   ``calibrators/__init__.py``). Naming a package itself (``from . import SomeClass`` in a module
   of that package, ``from hf_calibrate import CalibratedModel`` in any module) is an edge to its
   ``__init__``, and so a cycle with the re-exports the ``__init__`` imports.
-* Dynamic imports (``importlib.import_module(...)``) are not statements and are not read.
+* A package whose ``__init__`` defines a lazy re-export table, a module-level dict literal named
+  ``_EXPORTS`` (name → its submodule, resolved by the package's ``__getattr__`` on first use), makes
+  ``from package import name`` an edge to that submodule too: the name's module runs when it is
+  imported, as if it were imported by name.
+* Other dynamic imports (``importlib.import_module(...)``) are not statements and are not read.
 
 Package level: each module is collapsed to the top-level part of ``hf_calibrate`` it lies in
 (``hf_calibrate.x.y`` → ``hf_calibrate.x``; a top-level module is its own part, and
@@ -99,14 +103,33 @@ def imported_modules(module: str, path: Path, modules: Mapping[str, Path]) -> se
             source = _resolve_relative(module, is_package, node.level, node.module) if node.level else node.module
             if not source:
                 continue
+            lazy = lazy_exports(modules[source]) if source in modules else {}
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
                 if alias.name != "*" and submodule in modules:
                     add(submodule, explicit=True)
                 else:  # a name the module (or package __init__) defines: its code runs
                     add(source, explicit=True)
+                if alias.name in lazy:  # a lazy re-export: its module runs too
+                    add(f"{source}.{lazy[alias.name]}", explicit=True)
     targets.discard(module)
     return targets
+
+
+def lazy_exports(path: Path) -> dict[str, str]:
+    """A package ``__init__``'s lazy re-export table: its module-level ``_EXPORTS = {name: submodule}`` dict
+    literal (empty for any other file, or a table that is not a literal of strings)."""
+    if path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(target, ast.Name) and target.id == "_EXPORTS" for target in targets) and node.value is not None:
+            try:
+                table = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {str(name): str(module) for name, module in table.items()} if isinstance(table, dict) else {}
+    return {}
 
 
 def build_import_graph(package_dir: Path) -> Graph:
@@ -286,3 +309,17 @@ def test_guard_counts_a_module_importing_its_own_package_reexports(tmp_path):
     assert describe_cycles(graph) == ["pkg.part -> pkg.part.head -> pkg.part"]
     del graph["pkg.part.head"], graph["pkg.part"]  # without the re-export import there is none
     assert describe_cycles(graph) == []
+
+
+def test_guard_follows_a_lazy_reexport_to_its_module(tmp_path):
+    """``from pkg import Model`` where ``pkg.__getattr__`` imports ``pkg.modeling`` on first use: inside a module that
+    ``pkg.modeling`` imports, that is a cycle at import time, though the package's ``__init__`` imports nothing."""
+    package = _write(tmp_path, {
+        "pkg/__init__.py": "import importlib\n_EXPORTS = {'Model': 'modeling'}\n"
+                           "def __getattr__(name):\n    return getattr(importlib.import_module('pkg.' + _EXPORTS[name]), name)\n",
+        "pkg/modeling.py": "from .cards import card\nclass Model: ...\n",
+        "pkg/cards.py": "from pkg import Model\ndef card(): ...\n",
+    })
+    graph = build_import_graph(package)
+    assert graph["pkg.cards"] == {"pkg", "pkg.modeling"}
+    assert describe_cycles(graph) == ["pkg.cards -> pkg.modeling -> pkg.cards"]

@@ -121,7 +121,11 @@ class Calibrator(nn.Module):
                 setattr(cls, name, getattr(Calibrator, name))
         known = CALIBRATORS.get(cls.method)
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"method {cls.method!r} is already the method of {known.__module__}.{known.__qualname__}.")
+            raise ValueError(
+                f"method {cls.method!r} is already the method of {known.__module__}.{known.__qualname__}, and "
+                f"{cls.__module__}.{cls.__qualname__} names it too. Give the new class another `method` name; if its module "
+                "is a copy of a method's file left in hf_calibrate/calibrators/ (every module there is imported), remove "
+                "or rename the copy.")
         CALIBRATORS[cls.method] = cls
 
     def __init__(self, num_classes: int) -> None:

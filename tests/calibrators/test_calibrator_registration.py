@@ -8,6 +8,11 @@ duration of each test and removed afterwards, so the rest of the suite sees the 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Dict, Iterator, Type
 
 import pytest
@@ -15,6 +20,7 @@ import torch
 from torch import nn
 
 import _tiny_models as tm
+import hf_calibrate
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import CALIBRATORS, Calibrator, HeadCalibrator, MatrixScaling, NeuralClamping, calibrator_class
 from hf_calibrate.calibrators.base import check_fields, require
@@ -93,6 +99,19 @@ def test_a_second_class_cannot_take_a_registered_name():
         class AnotherTemperature(Calibrator):
             method = "temperature"
     assert calibrator_class("temperature").__name__ == "TemperatureScaling"
+
+
+def test_a_stray_copy_of_a_method_file_is_named_with_the_fix(tmp_path):
+    """Every module in calibrators/ is imported, so a copy of a method's file (``temperature copy.py`` is not a
+    module name; ``temperature_old.py`` is) registers its method twice: the import error names the copy and the fix."""
+    package = Path(hf_calibrate.__file__).parent
+    shutil.copytree(package, tmp_path / "hf_calibrate", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(package / "calibrators" / "temperature.py", tmp_path / "hf_calibrate" / "calibrators" / "temperature_old.py")
+    result = subprocess.run([sys.executable, "-c", "import hf_calibrate.calibrators"], capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=300)
+    assert result.returncode != 0
+    assert "hf_calibrate.calibrators.temperature_old.TemperatureScaling names it too" in result.stderr
+    assert "remove or rename the copy" in result.stderr
 
 
 def _fitted_toy(base: nn.Module, data: Any) -> CalibratedModel:
