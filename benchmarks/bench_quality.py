@@ -100,7 +100,7 @@ def _features_and_logits(demo: Any, dataset: Any) -> Tuple[torch.Tensor, torch.T
     for inputs, batch_labels in _batches(demo, backbone, dataset):
         with torch.no_grad(), backbone.features_captured() as captured:
             logits.append(backbone.logits(inputs).float())
-        features.append(captured[-1].reshape(captured[-1].shape[0], -1).float())
+        features.append(captured.inputs[-1].reshape(captured.inputs[-1].shape[0], -1).float())
         labels.append(batch_labels)
     return torch.cat(features), torch.cat(logits), torch.cat(labels)
 

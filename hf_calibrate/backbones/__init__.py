@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import nn
 
-from .base import Backbone, Inputs, InputSizeError, format_size
+from .base import Backbone, ClassifierLayerError, Inputs, InputSizeError, format_size
 from .timm_models import TimmBackbone, is_timm_model
 from .torch_modules import TorchBackbone
 from .transformers_models import TransformersTextBackbone, TransformersVisionBackbone, outside_vocabulary, transformers_task
@@ -49,6 +49,7 @@ def adapt(model: nn.Module, *, num_classes: Optional[int] = None, classifier: Op
 
 __all__ = [
     "Backbone",
+    "ClassifierLayerError",
     "InputSizeError",
     "Inputs",
     "SUPPORTED",

@@ -13,6 +13,7 @@ An adapter wraps a frozen base model and knows
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
@@ -26,6 +27,20 @@ Inputs = Dict[str, Any]
 def format_size(shape: Any) -> str:
     """``(1, 8, 8)`` → ``"1×8×8"``."""
     return "×".join(str(int(v)) for v in shape)
+
+
+class ClassifierLayerError(ValueError):
+    """The layer taken as the classifier (named with ``classifier=``, or guessed) does not output the model's logits:
+    a head trained in its place would be scored on outputs the model transforms further."""
+
+
+@dataclasses.dataclass
+class ClassifierCapture:
+    """What :meth:`Backbone.features_captured` records per forward pass: the classifier layer's inputs (N, d) and its
+    outputs (N, C)."""
+
+    inputs: List[torch.Tensor] = dataclasses.field(default_factory=list)
+    outputs: List[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
 class InputSizeError(ValueError):
@@ -171,7 +186,8 @@ class Backbone(ABC):
             f"is a {type(module).__name__}" if not isinstance(module, nn.Linear) else f"has {module.out_features} outputs")
         raise ValueError(
             f"classifier={name!r} cannot be the classifier of {type(self.model).__name__}: it {found}. The classifier "
-            f"is an nn.Linear with one output per class ({num_classes}); candidates: {self.classifier_candidates() or 'none'}."
+            f"is an nn.Linear with one output per class ({num_classes if num_classes is not None else 'as many as the model has logits'}); "
+            f"candidates: {self.classifier_candidates() or 'none'}."
         )
 
     def _guessed_classifier(self) -> Tuple[str, nn.Linear]:
@@ -190,7 +206,7 @@ class Backbone(ABC):
             warnings.warn(
                 f"{type(self.model).__name__} has {len(candidates)} nn.Linear layers{outputs} "
                 f"({', '.join(candidates)}); the classifier the head methods replace is {name!r} ({reason}). "
-                f"Name the right one with classifier='{candidates[0]}' (or another of them) to be sure.",
+                f"Pass classifier='{name}' to keep this choice, or name another of them.",
                 stacklevel=2,
             )
         return name, dict(self.model.named_modules())[name]
@@ -208,14 +224,37 @@ class Backbone(ABC):
             handle.remove()
 
     @contextlib.contextmanager
-    def features_captured(self) -> Iterator[List[torch.Tensor]]:
-        """Within the block, each forward pass appends the classifier's input (N, d) to the list."""
-        captured: List[torch.Tensor] = []
-        handle = self.final_layer().register_forward_hook(lambda module, args, output: captured.append(args[0]))
+    def features_captured(self) -> Iterator[ClassifierCapture]:
+        """Within the block, each forward pass appends the classifier's input (N, d) and output (N, C) to the capture."""
+        captured = ClassifierCapture()
+
+        def keep(module: nn.Module, args: Tuple[Any, ...], output: torch.Tensor) -> None:
+            captured.inputs.append(args[0])
+            captured.outputs.append(output)
+
+        handle = self.final_layer().register_forward_hook(keep)
         try:
             yield captured
         finally:
             handle.remove()
+
+    def check_classifier_output(self, output: Optional[torch.Tensor], logits: torch.Tensor) -> None:
+        """Raise :class:`ClassifierLayerError` unless the classifier layer's ``output`` of a batch (None: the layer was
+        not called) is the model's (N, C) ``logits`` of it: a head replacing a layer the model transforms further would be trained and scored
+        on the wrong outputs."""
+        if output is not None and output.shape == logits.shape and torch.allclose(output.float(), logits.float(), rtol=1e-3, atol=1e-4, equal_nan=True):
+            return
+        name = self.classifier_name
+        layers = [candidate for candidate in self.classifier_candidates() if candidate != name]
+        found = ("is not called in its forward pass" if output is None else
+                 f"does not output its logits (its output is {format_size(output.shape)}, the logits "
+                 f"{format_size(logits.shape)}{'' if output.shape != logits.shape else ', with other values'}): the model "
+                 "transforms it further")
+        raise ClassifierLayerError(
+            f"the layer {name!r} of {type(self.model).__name__} that the head methods would replace {found}. Name the "
+            f"layer whose output is the logits with classifier=... (other nn.Linear layers of one output per class: "
+            f"{layers or 'none'}), or use a method that needs no classifier layer (e.g. temperature)."
+        )
 
     # ------------------------------------------------------------------ checks
     def check_logits(self, logits: Any) -> torch.Tensor:

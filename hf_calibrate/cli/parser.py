@@ -8,6 +8,7 @@ that flag is parsed or its help is shown.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from pathlib import Path
@@ -84,15 +85,35 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse_option(text: str) -> Tuple[str, Any]:
-    """``key=value`` → (key, value); the value is parsed as JSON when it is JSON, else kept as text."""
+    """``key=value`` → (key, value). The value is read as JSON (``[0,1,2]``, ``true``), else as a Python literal
+    (``['mac_cal']``, ``True``, ``None``: the form the library's messages write), else as a bracketed list of bare
+    words (``[mac_cal,vector]``: what the shell leaves of ``['mac_cal','vector']``), else kept as text."""
     key, sep, raw = text.partition("=")
     key = key.strip().replace("-", "_")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    for read in (json.loads, ast.literal_eval, _bare_list):
+        try:
+            return key, read(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # json's error is a ValueError
+            continue
+    return key, raw
+
+
+def _bare_list(raw: str) -> List[Any]:
+    """``"[mac_cal, 3]"`` → ``["mac_cal", 3]``: each item read as JSON, else kept as text; ValueError if not bracketed."""
+    text = raw.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ValueError(raw)
+    items = [item.strip() for item in text[1:-1].split(",")] if text[1:-1].strip() else []
+    return [_json_or_text(item) for item in items]
+
+
+def _json_or_text(item: str) -> Any:
     try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
+        return json.loads(item)
+    except ValueError:
+        return item
 
 
 def method_names() -> List[str]:

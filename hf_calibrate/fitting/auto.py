@@ -25,7 +25,7 @@ import torch
 from ..backbones import Backbone
 from .. import _distributed
 from .._warnings import warn_user
-from ..calibrators import Calibrator, InvalidOptionError
+from ..calibrators import Calibrator, InvalidOptionError, options_to_dict
 from ..calibrators.base import Range, check_fields, check_fit_logits, ranged, require
 from ..calibrators.holdout import paired_difference, shown_below_zero, stratified_folds
 from ..data import CalibrationData
@@ -191,7 +191,7 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar)
     if options.heads():
-        scored += score_heads(options.heads(), backbone, data, folds, engine, num_classes, options.classifier)
+        scored += score_heads(options.heads(), backbone, data, folds, engine, labels, num_classes, options.classifier)
     estimate = None
     if options.considers_clamping():
         estimate, clamping = _clamping_candidate(backbone, data, options.budget, scored[0].nll, engine,
@@ -205,7 +205,7 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
         summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(labels)} "
                                f"calibration rows; {len(folds)} folds were used (one row held out in each)."]
     summary["auto"] = auto_record(scored, choice, logits, labels, len(folds))
-    summary["auto"].update(budget=options.budget, neural_clamping_estimate=estimate)
+    summary["auto"].update(budget=options.budget, neural_clamping_estimate=estimate, options=options_to_dict(options))
     engine.broadcast_module(calibrator)
     return calibrator, summary, chosen_options
 

@@ -30,6 +30,7 @@ import torch
 from ..backbones import Backbone
 from ..calibrators.neural_clamping import LBFGS_DEFAULTS
 from ..data import CalibrationData
+from ..results.reporting import seconds_text
 from .auto_scoring import Scored, default_options
 from .engine import Engine
 from .families import fit_calibrator
@@ -48,18 +49,14 @@ def estimated_seconds(pass_seconds: float) -> float:
     return pass_seconds * PASSES_PER_FIT
 
 
-def _seconds(seconds: float) -> str:
-    return "1 s" if seconds < 1 else f"{seconds:,.0f} s"
-
-
 def budget_reason(budget: Optional[float], estimate: float, left: float) -> Optional[str]:
     """Why Neural Clamping is left out under ``budget`` (seconds, None: no budget) with ``left`` of it after the other
     candidates, its fit estimated at ``estimate`` seconds; None when it fits."""
     if budget is None:
-        return (f"not a candidate without a budget: its fit would take about {_seconds(estimate)} here "
+        return (f"not a candidate without a budget: its fit would take about {seconds_text(estimate)} here "
                 f"(auto's logit candidates take seconds); pass budget=<seconds> (e.g. budget={max(60, 2 * estimate):.0f}) to let it take part")
     if estimate > left:
-        return (f"its fit would take about {_seconds(estimate)}, more than the {max(left, 0.0):,.0f} s left of "
+        return (f"its fit would take about {seconds_text(estimate)}, more than the {seconds_text(max(left, 0.0))} left of "
                 f"budget={budget:g} after the other candidates; raise budget to at least {math.ceil(estimate + budget - left)} to let it take part")
     return None
 

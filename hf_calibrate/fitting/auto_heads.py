@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..backbones import Backbone
+from ..backbones import Backbone, ClassifierLayerError
 from ..calibrators import Calibrator
 from ..calibrators.holdout import Fold
 from ..data import CalibrationData
@@ -35,18 +35,23 @@ HEADS = ("tst", "vtst", "mac_cal")
 
 
 def score_heads(methods: Sequence[str], backbone: Backbone, data: CalibrationData, folds: Sequence[Fold], engine: Engine,
-                num_classes: int, classifier: Optional[str] = None) -> List[Scored]:
-    """Every head method of ``methods`` fitted on all of ``data`` (of ``num_classes`` classes) and cross-fitted on
-    ``folds``, over features cached in one pass (:func:`score_head`), each head replacing the layer ``classifier``
-    (None: the one the base's config names, else its last C-output ``nn.Linear``). The pass's warnings (e.g. which
-    of several such layers was taken) are shown only when a head is chosen."""
+                labels: torch.Tensor, num_classes: int, classifier: Optional[str] = None) -> List[Scored]:
+    """Every head method of ``methods`` fitted on all of ``data`` (``labels`` (N,) of ``num_classes`` classes) and
+    cross-fitted on ``folds``, over features cached in one pass (:func:`score_head`), each head replacing the layer
+    ``classifier`` (None: the one the base's config names, else its last C-output ``nn.Linear``). The pass's
+    warnings (e.g. which of several such layers was taken) are shown only when a head is chosen; a layer the user
+    named that cannot be replaced is the user's error, raised."""
+    absent = {method: absent_classes_reason(method, num_classes, labels) for method in methods}
+    if all(absent.values()):  # no head can take part: no pass for their features
+        return [Scored(method, None, absent[method]) for method in methods]
     try:  # a model without a classifier layer, or a stream already read: the heads are left out, auto goes on
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             cached = collect_features(backbone, data, engine, description="features (auto's head candidates)")
     except (ValueError, RuntimeError) as error:
+        if classifier is not None and isinstance(error, ClassifierLayerError):
+            raise
         return [Scored(method, None, str(error)) for method in methods]
-    absent = {method: absent_classes_reason(method, num_classes, cached[1]) for method in methods}
     return [Scored(method, None, absent[method]) if absent[method]
             else score_head(method, backbone, data, cached, folds, engine, (classifier, list(caught)))
             for method in methods]

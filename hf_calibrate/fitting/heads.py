@@ -57,6 +57,8 @@ def collect_features(
     backbone: Backbone, data: CalibrationData, engine: Engine, *, description: str, directory: Optional[Path] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One no-grad pass over all of ``data``: its classifier-layer inputs (N, d) float32 and labels (N,), in dataset order.
+    A classifier layer whose output is not the model's logits raises
+    :class:`~hf_calibrate.backbones.base.ClassifierLayerError` at the first batch.
 
     Features beyond the engine's ``spill_bytes`` are memory-mapped from a file made in ``directory``
     (default: the temp folder). When the engine keeps the base logits of ``data``
@@ -68,7 +70,8 @@ def collect_features(
     def compute(inputs):
         with backbone.features_captured() as captured:
             logits = backbone.logits(inputs)
-        features = captured[-1].reshape(captured[-1].shape[0], -1)
+        backbone.check_classifier_output(captured.outputs[-1] if captured.outputs else None, logits)
+        features = captured.inputs[-1].reshape(captured.inputs[-1].shape[0], -1)
         return torch.cat([features.float(), logits.float()], dim=1) if keep else features
 
     rows, labels = engine.scan(

@@ -293,11 +293,16 @@ def auto_note(summary: Mapping[str, Any]) -> Optional[str]:
     choice = summary.get("auto")
     if not choice:
         return None
-    note = (f"auto chose {choice['chosen']} by {choice['folds']}-fold cross-fitted NLL on the {choice['samples']} "
-            f"calibration samples: {choice['reason']}")
     chosen = next((row for row in choice["candidates"] if row["method"] == choice["chosen"]), {})
-    scored_by = chosen.get("scored_by") and f"({choice['chosen']} was {chosen['scored_by']}.)"
-    return " ".join(filter(None, [note, scored_by, _budget_text(choice)]))
+    scored_by = chosen.get("scored_by")
+    how = "held-out NLL" if scored_by else f"{choice['folds']}-fold cross-fitted NLL"
+    note = f"auto chose {choice['chosen']} by {how} on the {choice['samples']} calibration samples: {choice['reason']}"
+    return " ".join(filter(None, [note, scored_by and f"({choice['chosen']} was {scored_by}.)", _budget_text(choice)]))
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration for people: ``"1,198 s"``, or two significant digits under a second (``"0.43 s"``)."""
+    return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:,.0f} s"
 
 
 def _budget_text(choice: Mapping[str, Any]) -> Optional[str]:
@@ -305,8 +310,8 @@ def _budget_text(choice: Mapping[str, Any]) -> Optional[str]:
     budget, estimate = choice.get("budget"), choice.get("neural_clamping_estimate")
     if estimate is None:
         return None
-    given = "no budget was given" if budget is None else f"the budget was {budget:,.0f} s"
-    return f"Neural Clamping's fit was estimated at {estimate:,.0f} s; {given}."
+    given = "no budget was given" if budget is None else f"the budget was {budget:g} s"
+    return f"Neural Clamping's fit was estimated at {seconds_text(estimate)}; {given}."
 
 
 def auto_table(summary: Mapping[str, Any]) -> Optional[str]:

@@ -34,10 +34,12 @@ import timm
 import torch
 from huggingface_hub import hf_hub_download
 from safetensors.torch import load_file, save_file
+from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import _tiny_models as tm
 from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import ClassifierLayerError
 
 N = 48
 # (timm architecture, create_model options, per-sample input shape the model is used at)
@@ -413,7 +415,7 @@ def test_command_line_records_and_reapplies_max_length(text_case, tmp_path, caps
 
 @pytest.fixture(scope="module")
 def deit() -> Dict[str, Any]:
-    """A one-block distilled DeiT at 32×32: two nn.Linear heads with one output per class."""
+    """A one-block distilled DeiT at 32×32: two nn.Linear heads with one output per class, whose mean is its logits."""
     torch.manual_seed(0)
     model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, num_classes=tm.NUM_CLASSES,
                               img_size=32, depth=1).eval()
@@ -421,24 +423,53 @@ def deit() -> Dict[str, Any]:
 
 
 @pytest.mark.filterwarnings("ignore:the calibration data have input size")
-def test_ambiguous_classifier_is_named_in_a_warning_the_summary_and_the_record(deit):
-    with pytest.warns(UserWarning, match=r"2 nn.Linear layers with 4 outputs \(head, head_dist\).*'head_dist'.*classifier="):
-        calibrated = tm.fit(deit["model"], deit["data"], "tst", epochs=1)
-    assert calibrated.fit_summary["classifier"] == "head_dist"
-    assert calibrated.calibration_record()["base_model"]["classifier"] == "head_dist"
+@pytest.mark.parametrize("classifier", [None, "head"])
+def test_a_head_whose_output_is_not_the_logits_is_refused_naming_the_fix(deit, classifier):
+    """The distilled DeiT averages its two heads: a new head trained in place of either one would be scored as if it
+    gave the logits, and then be averaged with the other. The guess warns (naming the layer it took), and either
+    layer is refused before any head is trained."""
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ClassifierLayerError) as refused:
+        warnings.simplefilter("always")
+        tm.fit(deit["model"], deit["data"], "tst", epochs=1, classifier=classifier)
+    layer, other = ("head", "head_dist") if classifier else ("head_dist", "head")
+    assert f"the layer '{layer}' of VisionTransformerDistilled that the head methods would replace does not output its logits" in str(refused.value)
+    assert f"layers of one output per class: ['{other}']" in str(refused.value) and "e.g. temperature" in str(refused.value)
+    guessed = [str(warning.message) for warning in caught if "nn.Linear layers" in str(warning.message)]
+    assert guessed == ([] if classifier else [
+        "VisionTransformerDistilled has 2 nn.Linear layers with 4 outputs (head, head_dist); the classifier the head "
+        "methods replace is 'head_dist' (the last one). Pass classifier='head_dist' to keep this choice, or name another of them."])
 
 
-@pytest.mark.filterwarnings("ignore:the calibration data have input size")
-def test_named_classifier_is_used_saved_and_reloaded(deit, tmp_path):
+class _AuxiliaryHead(nn.Module):
+    """A classifier with an auxiliary head of C outputs defined after its own, which its forward pass does not use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head, self.aux = nn.Linear(6, 16), nn.Linear(16, tm.NUM_CLASSES), nn.Linear(16, tm.NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+def test_a_guessed_layer_the_forward_pass_never_calls_is_refused():
+    model = _AuxiliaryHead().eval()
+    with pytest.warns(UserWarning, match="the last one"), pytest.raises(ClassifierLayerError, match="'aux' .* is not called in its forward pass.*\\['head'\\]"):
+        tm.fit(model, tm.plain_data(tm.plain_module(0)), "tst", epochs=1)
+
+
+def test_named_classifier_is_used_saved_and_reloaded(tmp_path):
+    model = _AuxiliaryHead().eval()
+    data = tm.plain_data(tm.plain_module(0))
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*nn.Linear layers with")
-        calibrated = tm.fit(deit["model"], deit["data"], "tst", epochs=1, classifier="head")
-    assert calibrated.backbone.final_layer() is deit["model"].head
-    assert calibrated.fit_summary["classifier"] == "head"
-    calibrated.save_pretrained(tmp_path / "deit")
-    reloaded = CalibratedModel.from_pretrained(tmp_path / "deit")
+        calibrated = tm.fit(model, data, "tst", epochs=1, classifier="head")
+    assert calibrated.backbone.final_layer() is model.head
+    assert calibrated.fit_summary["classifier"] == calibrated.calibration_record()["base_model"]["classifier"] == "head"
+    calibrated.save_pretrained(tmp_path / "aux")
+    reloaded = CalibratedModel.from_pretrained(tmp_path / "aux", base_model=_AuxiliaryHead().eval())
     assert reloaded.backbone.classifier_name == "head"
-    x = deit["data"].tensors[0][:4]
+    x = data.tensors[0][:4]
     with torch.no_grad():
         assert torch.equal(reloaded(x), calibrated(x))
 

@@ -93,6 +93,21 @@ def test_option_values_are_json_when_they_parse():
     assert parse_option("select-metric=nll") == ("select_metric", "nll")
 
 
+@pytest.mark.parametrize("text", ["candidates=[\"mac_cal\",\"vector\"]", "candidates=['mac_cal', 'vector']",
+                                  "candidates=[mac_cal,vector]", "candidates=[ mac_cal , vector ]"])
+def test_a_list_option_reads_as_json_as_the_python_the_messages_write_or_as_the_shell_leaves_it(text):
+    """The library's messages write ``candidates=['mac_cal']``; unquoted in a shell it arrives as ``[mac_cal]``."""
+    assert parse_option(text) == ("candidates", ["mac_cal", "vector"])
+
+
+def test_option_values_that_are_no_literal_stay_text():
+    assert parse_option("classifier=head.fc") == ("classifier", "head.fc")
+    assert parse_option("budget=10m") == ("budget", "10m")
+    assert parse_option("gamma=[]") == ("gamma", [])
+    assert parse_option("delta_init=None") == ("delta_init", None)
+    assert parse_option("x=__import__('os')") == ("x", "__import__('os')")
+
+
 def test_fit_saves_model_card_diagram_and_prints_the_table(fitted):
     output = fitted["output"]
     for name in ("README.md", "calibration_config.json", "calibration.safetensors", "reliability_diagram.png", "model.safetensors"):

@@ -18,11 +18,12 @@ from torch.utils.data import TensorDataset
 
 from _tiny_models import NUM_CLASSES, plain_data, plain_module
 from hf_calibrate import CalibratedModel
+from hf_calibrate.backbones import ClassifierLayerError
 from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, fit_inverse_temperature, stratified_folds
 from hf_calibrate.fitting import auto
 from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, choose
 from hf_calibrate.fitting.auto_scoring import Scored, cross_fitted_nll
-from hf_calibrate.results.reporting import auto_note, auto_table
+from hf_calibrate.results.reporting import auto_note, auto_table, seconds_text
 
 CLASSES = 4
 
@@ -219,8 +220,9 @@ def test_neural_clamping_row_and_note_say_how_it_was_scored_and_what_budget_admi
     assert row["scored_by"].startswith(f"scored by its own fit's {clamping_fit.fit_summary['folds']}-fold cross-fitting")
     assert all(other["scored_by"] is None for other in record["candidates"][1:-1])
     note, table = auto_note(clamping_fit.fit_summary), auto_table(clamping_fit.fit_summary)
+    assert note.startswith("auto chose neural_clamping by held-out NLL on the 300 calibration samples")
     assert "(neural_clamping was scored by its own fit's 2-fold cross-fitting" in note
-    assert f"estimated at {record['neural_clamping_estimate']:,.0f} s; the budget was 600 s." in note
+    assert f"estimated at {seconds_text(record['neural_clamping_estimate'])}; the budget was 600 s." in note
     assert "**chosen**; scored by its own fit's" in table
 
 
@@ -285,9 +287,10 @@ def test_a_head_chosen_by_auto_is_its_fit_by_name_on_the_layer_auto_was_told(mon
     _auto_choosing(monkeypatch, "mac_cal")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        chosen = CalibratedModel.fit(module, data, method="auto", candidates=["mac_cal"], classifier="0", progress=False)
-    by_name = CalibratedModel.fit(module, data, method="mac_cal", classifier="0", progress=False)
-    assert chosen.method == "mac_cal" and chosen.calibrator.classifier == by_name.calibrator.classifier == "0"
+        chosen = CalibratedModel.fit(module, data, method="auto", candidates=["mac_cal"], classifier="2", progress=False)
+    by_name = CalibratedModel.fit(module, data, method="mac_cal", classifier="2", progress=False)
+    assert chosen.method == "mac_cal" and chosen.calibrator.classifier == by_name.calibrator.classifier == "2"
+    assert chosen.fit_summary["auto"]["options"] == {"candidates": ["mac_cal"], "folds": 5, "budget": None, "classifier": "2"}
     assert not [warning for warning in caught if "nn.Linear layers" in str(warning.message)]
     inputs = data.tensors[0]
     torch.testing.assert_close(chosen(inputs), by_name(inputs))
@@ -302,7 +305,15 @@ def test_the_guessed_layers_warning_is_the_users_only_when_a_head_is_chosen(monk
         CalibratedModel.fit(module, plain_data(plain_module(0)), method="auto", candidates=["mac_cal"], progress=False)
     guessed = [str(warning.message) for warning in caught if "nn.Linear layers" in str(warning.message)]
     assert bool(guessed) == warns
-    assert all("classifier='0'" in message for message in guessed)
+    assert all("Pass classifier='2' to keep this choice" in message for message in guessed)
+
+
+def test_a_named_layer_whose_output_is_not_the_logits_is_the_users_error_under_auto():
+    """Layer "0" has one output per class, but the model transforms it further: a head in its place would be scored
+    on outputs that are not the model's; auto raises (the user named it) rather than leave the heads out."""
+    module = _two_classifier_layers()
+    with pytest.raises(ClassifierLayerError, match="'0' .* does not output its logits .* the model transforms it further.*\\['2'\\]"):
+        CalibratedModel.fit(module, plain_data(plain_module(0)), method="auto", candidates=["mac_cal"], classifier="0", progress=False)
 
 
 def test_head_methods_are_left_out_when_classes_are_absent():
@@ -351,3 +362,8 @@ def test_selection_data_a_method_would_not_read_are_refused(method):
         CalibratedModel.fit(nn.Identity(), data, method=method, validation_data=data, progress=False)
     with pytest.raises(ValueError, match="does not read temperature_data"):
         CalibratedModel.fit(nn.Identity(), data, method=method, temperature_data=data, progress=False)
+
+
+@pytest.mark.parametrize("seconds, text", [(1198.4, "1,198 s"), (0.43, "0.43 s"), (0.0061, "0.0061 s"), (0.0, "0 s")])
+def test_durations_read_alike_in_the_note_and_the_rows(seconds, text):
+    assert seconds_text(seconds) == text
