@@ -3,8 +3,8 @@ imports of ours).
 
 One rule for every writer of the library: write into a temporary entry on the same file system, then
 rename it onto the target (``os.replace`` for a file: atomic on POSIX and Windows). The diagrams, the
-comparison's files, the artifact's save journal (:mod:`hf_calibrate.serialization.saving`, which adds
-``durable`` flushing) and the demo zoo's model folders (:func:`atomic_folder`) use it.
+comparison's files and the demo zoo's model folders (:func:`atomic_folder`) use it; the artifact's save
+(:mod:`hf_calibrate.serialization.saving`) stages whole folders and flushes them with :func:`fsync_path`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import BinaryIO, Callable, Iterator
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -31,43 +31,26 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(descriptor)
 
 
-def write_atomically(
-    path: str | os.PathLike, write: Callable[[BinaryIO], None], *, durable: bool = False,
-    scratch_folder: Optional[str | os.PathLike] = None,
-) -> None:
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(stream)`` on a temporary file beside ``path``, then rename it onto ``path``.
 
     The temporary file is removed when ``write`` (or the rename) fails, so nothing half-written is
     left and an existing ``path`` is untouched. It gets the usual umask permissions (plain ``open``).
-
-    Args:
-        durable: flush the new file to disk before the rename and ``path``'s folder after it, so that
-            after a power loss ``path`` holds the old or the whole new file (the rename is then a commit point).
-        scratch_folder: where the temporary file is written instead of beside ``path`` (on the same file
-            system, so that the rename stays atomic), e.g. a staging folder a crashed writer's leftovers go with.
     """
     path = Path(path)
-    folder = Path(scratch_folder) if scratch_folder is not None else path.parent
-    temporary = folder / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(temporary, "xb") as stream:
             write(stream)
-            if durable:
-                stream.flush()
-                os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    if durable:
-        fsync_path(path.parent)
 
 
-def write_text_atomically(
-    path: str | os.PathLike, text: str, *, durable: bool = False, scratch_folder: Optional[str | os.PathLike] = None
-) -> None:
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     """:func:`write_atomically` of ``text`` as UTF-8."""
-    write_atomically(path, lambda stream: stream.write(text.encode("utf-8")), durable=durable, scratch_folder=scratch_folder)
+    write_atomically(path, lambda stream: stream.write(text.encode("utf-8")))
 
 
 @contextlib.contextmanager

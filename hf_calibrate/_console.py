@@ -9,10 +9,11 @@ command), so neither imports the other for them; the CLI's :mod:`~hf_calibrate.c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ._errors import UserError
 
@@ -43,10 +44,22 @@ class Console:
             print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
-def check_writable(path: Path, flag: str, *, folder: bool) -> None:
-    """Fail early, before any compute, when ``path`` (a folder or a file) cannot be written."""
+def check_writable(path: Path, flag: str, *, folder: bool, replaceable: Optional[Callable[[Path], None]] = None) -> None:
+    """Fail early, before any compute, when ``path`` (a folder or a file) cannot be written.
+
+    ``replaceable(path)``: the writer's own check, raising FileExistsError when what is at ``path`` (or in it) holds
+    something the command would replace but cannot prove it wrote (:mod:`hf_calibrate._output_files`); its message
+    becomes the error's.
+    """
     if path.exists() and path.is_dir() != folder:
         raise UserError(f"{flag} {path} exists and is {'not ' if folder else ''}a folder.")
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist; name another path.")
+    try:
+        if replaceable is not None:
+            replaceable(path)
+    except FileExistsError as error:
+        raise UserError(f"{flag}: {error}") from None
     parent = path.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 from .._console import Console, check_writable, format_table
+from .._output_files import is_signed_png, refuse_unproven, write_signed_png
 from .metric_keys import TABLE_METRICS
 
 __all__ = [
-    "Console", "check_writable", "draw_diagram", "fit_warning_lines", "fit_warnings_reported_here", "format_table",
-    "metric_table", "warnings_as_lines",
+    "Console", "check_diagram_target", "check_writable", "draw_diagram", "fit_warning_lines", "fit_warnings_reported_here",
+    "format_table", "metric_table", "warnings_as_lines",
 ]
 
 
@@ -35,15 +36,24 @@ def metric_table(evaluation: Dict[str, Any]) -> str:
 
 
 def draw_diagram(evaluation: Dict[str, Any], path: Path, title: str) -> None:
-    """The reliability diagram(s) of an evaluation as a PNG at ``path``, uncalibrated first."""
-    from ..results.plotting import compare_reliability_diagrams, reliability_diagram
+    """The reliability diagram(s) of an evaluation as a PNG at ``path``, uncalibrated first, signed as ours
+    (:func:`hf_calibrate._output_files.signed_png`); refuses, as :func:`check_diagram_target`, to replace any other file."""
+    from ..results.plotting import compare_reliability_diagrams, png_bytes, reliability_diagram
 
     reliability = evaluation["reliability"]
     panels = {side: reliability[side] for side in ("uncalibrated", "calibrated") if side in reliability}
     if len(panels) == 1:
-        reliability_diagram(next(iter(panels.values())), title=title, path=path)
+        figure = reliability_diagram(next(iter(panels.values())), title=title)
     else:
-        compare_reliability_diagrams(panels, title=title, path=path)
+        figure = compare_reliability_diagrams(panels, title=title)
+    check_diagram_target(path)  # again: the evaluation took a while
+    write_signed_png(path, png_bytes(figure))
+
+
+def check_diagram_target(path: Path) -> None:
+    """Raise FileExistsError when ``path`` holds anything but a diagram :func:`draw_diagram` wrote, unchanged since
+    (a user's image, a link, a folder): replacing our own earlier diagram is what a rerun should do, anything else not."""
+    refuse_unproven({path: is_signed_png}, instead="write the diagram to another --diagram path")
 
 
 @contextlib.contextmanager

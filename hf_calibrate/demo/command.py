@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._console import Console, check_writable, flag_options, format_table
+from .._errors import UserError
 
 #: the demo's first table: uncalibrated → calibrated
 DEMO_METRICS = ("accuracy", "ece", "ada_ece", "nll", "brier")
@@ -41,9 +44,11 @@ class DemoConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DemoSpec:
-    """One model of the demo: its zoo function (in :mod:`hf_calibrate.demo`), data name and configurations."""
+    """One model of the demo: its zoo function (in :mod:`hf_calibrate.demo`) and the name of the model it builds (that
+    of its :data:`~hf_calibrate.demo.models.ZOO` entry, known before the model is loaded), data name and configurations."""
 
     build: str
+    name: str
     dataset: str
     full: DemoConfig
     quick: DemoConfig
@@ -51,12 +56,12 @@ class DemoSpec:
 
 DEMO_MODELS: Dict[str, DemoSpec] = {
     "minilm": DemoSpec(
-        build="bbc_minilm", dataset="BBC News",
+        build="bbc_minilm", name="bbc-minilm-l6", dataset="BBC News",
         full=DemoConfig(calibration=300, test=300, max_length=64, neural_clamping={"epochs": 2, "batch_size": 16}),
         quick=DemoConfig(calibration=60, test=60, max_length=32, neural_clamping={"epochs": 1, "batch_size": 16}),
     ),
     "cnn": DemoSpec(
-        build="digits_timm_cnn", dataset="scikit-learn digits",
+        build="digits_timm_cnn", name="digits-timm-resnet10t", dataset="scikit-learn digits",
         full=DemoConfig(calibration=None, test=None, max_length=None, neural_clamping={"epochs": 8, "batch_size": 64}),
         quick=DemoConfig(calibration=200, test=200, max_length=None, neural_clamping={"epochs": 2, "batch_size": 64}),
     ),
@@ -98,7 +103,7 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate demo``: TS and Neural Clamping on the zoo models, one table, saved models."""
     start = time.perf_counter()
     if state.is_main_process:
-        check_writable(args.output, "--output", folder=True)
+        check_demo_output(args.output, args.models)
     rows, changes, settings = [], [], []
     for position, key in enumerate(args.models, 1):
         spec = DEMO_MODELS[key]
@@ -118,6 +123,20 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     console.result(_report(rows, changes if args.bootstrap else [], settings, args.quick))
     console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
+
+
+def check_demo_output(output: Path, models: List[str]) -> None:
+    """Fail before any zoo model is loaded when ``output``, or a calibration folder the demo would save into it
+    (:func:`demo_folder`), cannot be written: a link there, or a file a save would replace but cannot prove it wrote
+    (:func:`hf_calibrate.serialization.saving.check_save_target`)."""
+    from ..serialization.saving import check_save_target
+
+    check_writable(output, "--output", folder=True)
+    for folder in (output / demo_folder(DEMO_MODELS[key].name, method) for key in models for method in DEMO_METHODS):
+        if folder.is_symlink():
+            raise UserError(f"--output: {folder} is a symbolic link (to {os.readlink(folder)}), which the demo never saves "
+                            "through; move it elsewhere, or choose another --output folder.")
+        check_writable(folder, "--output", folder=True, replaceable=check_save_target)
 
 
 def _zoo_model(spec: DemoSpec, args: argparse.Namespace, state: Any) -> Any:
@@ -147,7 +166,7 @@ def _calibrate(model: Any, spec: DemoSpec, config: DemoConfig, method: str, inpu
     fallback = calibrated.fallback_note()
     console.warn(fallback and f"{model.name}, {method}: {fallback} {FALLBACK_SAVED}")
     evaluation = calibrated.evaluate(test, dataset_name=spec.dataset, split="test", bootstrap=args.bootstrap, **flag_options(args))
-    calibrated.save_pretrained(args.output / demo_folder(model.name, method), is_main_process=state.is_main_process)
+    calibrated.save_pretrained(args.output / demo_folder(spec.name, method), is_main_process=state.is_main_process)
     return evaluation, bool(fallback)
 
 

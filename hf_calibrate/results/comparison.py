@@ -22,17 +22,23 @@ The JSON result::
                                       GUARD_METRICS (empty for the uncalibrated row),
                "made_worse": [the GUARD_METRICS made detectably worse]}, ...],   # best first
      "reliability": {name: ReliabilityBins.to_dict()}}        # uncalibrated first, then as given
+
+:func:`write` saves it as ``comparison.json`` with two more keys: ``"written_by"`` (:data:`WRITTEN_BY`) and
+``"files"``, {"comparison.md": [SHA-256], "comparison.png": [SHA-256]}, the digests of the files it wrote beside it:
+the proof that lets a later write replace them (and only them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 from .. import _auto_registration
 from . import evaluation, reporting
-from .._atomic import write_text_atomically
+from .._atomic import write_atomically, write_text_atomically
+from .._output_files import digest_proof, refuse_unproven
 from ..metrics import CalibrationMetrics, Interval, interval_report, verdict
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from ..metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER, VERDICTS
@@ -224,19 +230,65 @@ def markdown_table(result: Dict[str, Any]) -> str:
 
 #: the files :func:`write` writes into its folder
 FILES = ("comparison.md", "comparison.json", "comparison.png")
+#: comparison.json's marker of a record :func:`write` wrote (its ``files`` proves which of the other files are ours)
+WRITTEN_BY = "hf_calibrate.results.comparison.write"
+
+
+def recorded_digests(record: Path) -> Optional[Dict[str, List[str]]]:
+    """``files`` of a comparison.json :func:`write` wrote: {file name: the SHA-256 digests of the versions it wrote};
+    None for any other entry (missing, a link, a user's file, unreadable)."""
+    if record.is_symlink() or not record.is_file():
+        return None
+    try:
+        content = json.loads(record.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    files = content.get("files") if isinstance(content, dict) and content.get("written_by") == WRITTEN_BY else None
+    lists = isinstance(files, dict) and all(isinstance(digests, list) for digests in files.values())
+    return files if lists and all(isinstance(digest, str) for digests in files.values() for digest in digests) else None
+
+
+def check_folder(folder: Path) -> None:
+    """Raise FileExistsError naming each file of :data:`FILES` in ``folder`` that :func:`write` would replace but
+    cannot prove it wrote: comparison.json by its marker and ``files``, the others by the digests it lists
+    (:mod:`hf_calibrate._output_files`); links are never written through."""
+    markdown, record, diagram = (folder / name for name in FILES)
+    digests = recorded_digests(record) or {}
+    refuse_unproven({
+        markdown: digest_proof(digests.get(markdown.name, [])),
+        record: lambda path: recorded_digests(path) is not None,
+        diagram: digest_proof(digests.get(diagram.name, [])),
+    }, instead="write the comparison to another folder")
 
 
 def write(result: Dict[str, Any], table: str, folder: Path) -> None:
-    """``comparison.md`` (``table``), ``comparison.json`` (``result``) and ``comparison.png`` (every row's reliability
-    diagram side by side, uncalibrated first) into ``folder``, each file written atomically."""
-    from .plotting import compare_reliability_diagrams
+    """``comparison.md`` (``table``), ``comparison.json`` (``result``, with the SHA-256 of the other two files) and
+    ``comparison.png`` (every row's reliability diagram side by side, uncalibrated first) into ``folder``.
 
+    Refuses (FileExistsError, before writing anything) to replace a file it cannot prove it wrote (:func:`check_folder`).
+    Each file is written atomically; comparison.json lists the earlier and the new digests while the others are
+    replaced, so a write killed midway leaves every file proven for the next one.
+    """
+    from .plotting import compare_reliability_diagrams, png_bytes
+
+    check_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
     markdown, record, diagram = (folder / name for name in FILES)
-    write_text_atomically(markdown, table)
-    write_text_atomically(record, json.dumps(result, indent=2) + "\n")
     title = f"Reliability on {reporting.data_label(result['dataset'], result['split'])}"
-    compare_reliability_diagrams(result["reliability"], title=title, path=diagram)
+    contents = {markdown.name: table.encode("utf-8"),
+                diagram.name: png_bytes(compare_reliability_diagrams(result["reliability"], title=title))}
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+    earlier = recorded_digests(record) or {}
+    during = {name: list(dict.fromkeys([*earlier.get(name, []), digest])) for name, digest in digests.items()}
+    _write_record(record, result, during)  # a write killed below leaves each file a version listed here
+    for name, data in contents.items():
+        write_atomically(folder / name, lambda stream, data=data: stream.write(data))
+    _write_record(record, result, {name: [digest] for name, digest in digests.items()})
+
+
+def _write_record(path: Path, result: Dict[str, Any], digests: Dict[str, List[str]]) -> None:
+    """comparison.json: ``result``, the marker :data:`WRITTEN_BY` and ``files``, {file name: SHA-256 digests}."""
+    write_text_atomically(path, json.dumps({**result, "written_by": WRITTEN_BY, "files": digests}, indent=2) + "\n")
 
 
 _auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

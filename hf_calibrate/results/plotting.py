@@ -7,6 +7,7 @@ through ``pyplot``, so drawing neither needs a display nor changes the user's ba
 
 from __future__ import annotations
 
+import io
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Tuple, Union
 
@@ -128,9 +129,16 @@ def _panel_axes(figure: "Figure", columns: int) -> list[Tuple["Axes", "Axes"]]:
     return pairs
 
 
+def png_bytes(figure: "Figure") -> bytes:
+    """``figure`` as the bytes of a PNG file (what ``path=`` writes)."""
+    stream = io.BytesIO()
+    figure.savefig(stream, format="png")
+    return stream.getvalue()
+
+
 def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
     """Write ``figure`` as a PNG to ``path`` via a temporary file in the same folder and a rename."""
-    write_atomically(path, lambda stream: figure.savefig(stream, format="png"))
+    write_atomically(path, lambda stream: stream.write(png_bytes(figure)))
 
 
 def _diagram_bins(bins: Bins | None, probs: Any, labels: Any, *, n_bins: int, from_logits: bool) -> ReliabilityBins:

@@ -7,16 +7,19 @@ calibrator's tensors against the names, shapes, dtypes, ranges and digest the re
 δ, the labels and the weights fingerprint against the base. Every failure is an
 :class:`ArtifactError` naming the file, the key and the fix. **Saving replaces only this library's
 files, crash-atomically** (:mod:`.saving`): the record lists every file the artifact wrote, and a
-save stages the new artifact inside the folder and commits it with a journal that the next save or
-load rolls forward, so the folder always loads as the complete old or the complete new artifact.
+save stages the new artifact inside the folder, renames it into place (the record last) and replaces or deletes
+only files whose SHA-256 a sealed record of the folder lists. **Loading writes nothing**: a folder a killed save
+left torn is recognised by its manifest and digests and refused until the next save.
 """
 
 from __future__ import annotations
 
-from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, CARD_MARKER, JOURNAL_FILE
+from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, CARD_MARKER, STAGING_PREFIX
 from .identity import hub_reference, repo_id_problem, weights_fingerprint
-from .loading import load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
-from .saving import file_sha256, list_files, owned_files, reading, recover_legacy_save, save_artifact
+from .loading import check_complete, load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
+from .locks import reading
+from .ownership import file_sha256, manifest_files
+from .saving import check_save_target, list_files, save_artifact, update_results
 from .schema import FORMAT_VERSION, RECORD_SCHEMA, RESAVE, ArtifactError, UnverifiedArtifactWarning, seal_record
 
 __all__ = [
@@ -27,23 +30,25 @@ __all__ = [
     "CARD_FILE",
     "CARD_MARKER",
     "FORMAT_VERSION",
-    "JOURNAL_FILE",
     "RECORD_SCHEMA",
     "RESAVE",
+    "STAGING_PREFIX",
     "UnverifiedArtifactWarning",
+    "check_complete",
+    "check_save_target",
     "file_sha256",
     "hub_reference",
     "list_files",
     "load_base",
     "load_calibrator",
     "load_preprocessor",
-    "owned_files",
+    "manifest_files",
     "read_record",
     "reading",
-    "recover_legacy_save",
     "repo_id_problem",
     "save_artifact",
     "seal_record",
+    "update_results",
     "verify_against_base",
     "weights_fingerprint",
 ]

@@ -20,8 +20,10 @@ from ..backbones import Backbone
 from ..backbones.loading import IMAGE_TASK, TEXT_TASK, auto_classes, load_timm_folder
 from ..calibrators import Calibrator, calibrator_class
 from ..backbones.base import model_label_names
-from .files import BASE_FOLDER, CALIBRATION_CONFIG
+from .files import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE, STAGING_PREFIX
 from .identity import weights_fingerprint
+from .ownership import file_sha256
+from .stated_values import check_stated_values
 from .._warnings import warn_user
 from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, UnverifiedArtifactWarning, _fail, path_problem, validate_record
 
@@ -75,6 +77,33 @@ def _check_unverified(path: Path, allow_unverified: bool) -> None:
         f"{path} was loaded unverified: it was written before digests (format 1), so edits to it cannot be detected; "
         f"{seal}.", UnverifiedArtifactWarning,
     )
+
+
+def check_complete(root: Path, record: Dict[str, Any]) -> None:
+    """Refuse a folder whose files are not those its record lists: a file of the manifest missing, or one whose
+    SHA-256 differs from ``files.sha256`` (a save killed while installing its files, a download cut short, files
+    edited or mixed from two saves). Reads only: nothing is changed; the next save into the folder replaces them.
+    The card (``README.md``), which users edit, has no digest.
+    """
+    files = record.get("files") or {}
+    digests, problems = files.get("sha256") or {}, []
+    for name in files.get("manifest") or []:
+        if name in (CALIBRATION_CONFIG, CARD_FILE):
+            continue
+        path = safe_join(root, name, what="manifest file")
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif name in digests and file_sha256(path) != digests[name]:
+            problems.append(f"{path} is not the file that was saved (its SHA-256 is not the one 'files.sha256' records)")
+    if problems:
+        interrupted = any(entry.name.startswith(STAGING_PREFIX) for entry in os.scandir(root))
+        why = "a save into it was interrupted" if interrupted else (
+            "an interrupted save or download, a corrupt or truncated file, or files edited or mixed from two saves")
+        raise ArtifactError(
+            f"{root} is not a complete calibration: {'; '.join(problems[:8])}{'; and more' if len(problems) > 8 else ''}"
+            f" ({why}). Nothing was changed; re-save or re-download the calibration: save_pretrained into this folder "
+            "replaces its files, from_pretrained(..., force_download=True) downloads them again."
+        )
 
 
 def safe_join(root: Path, name: str, *, what: str) -> Path:
@@ -188,6 +217,7 @@ def load_calibrator(root: Path, record: Dict[str, Any]) -> Calibrator:
     path = safe_join(root, weights_name, what="weights file")
     tensors, data = _read_tensors(path, expected, record["method"])
     check_tensor_values(path, tensors)
+    check_stated_values(file, record, tensors)
     recorded = (record["files"].get("sha256") or {}).get(weights_name)
     if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
         _fail(path, "the file", f"does not match the SHA-256 recorded in {CALIBRATION_CONFIG} (key 'files.sha256'): "
@@ -367,13 +397,19 @@ def load_preprocessor(root: Path, record: Optional[Dict[str, Any]] = None) -> An
 
     With the calibration ``record``, it is made to preprocess as the calibration was fitted
     (``input_contract``: the calibrated image size, the tokenizer's ``max_length``), whatever
-    the saved file says — e.g. a processor saved by an older hf_calibrate.
+    the saved file says — e.g. a processor saved by an older hf_calibrate. Only files the record's manifest lists
+    are read (a tokenizer left beside an image model is not its preprocessor).
     """
     from ..backbones.preprocessing import contract_preprocessor
 
+    manifest = ((record or {}).get("files") or {}).get("manifest")
+
+    def saved(name: str) -> bool:  # a file of the artifact's own, not a user's file of that name beside it
+        return (root / name).is_file() and (manifest is None or name in manifest)
+
     preprocessor = None
-    if (root / "tokenizer_config.json").is_file():
+    if saved("tokenizer_config.json"):
         preprocessor = auto_classes(TEXT_TASK)[1].from_pretrained(str(root))
-    elif (root / "preprocessor_config.json").is_file():
+    elif saved("preprocessor_config.json"):
         preprocessor = auto_classes(IMAGE_TASK)[1].from_pretrained(str(root))
     return contract_preprocessor(preprocessor, (record or {}).get("input_contract"))

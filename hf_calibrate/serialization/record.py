@@ -23,9 +23,10 @@ from ..results import reporting
 from ..version import __version__
 from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS
 from .identity import hub_reference, repo_id_problem
-from .loading import load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
+from .loading import check_complete, load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
 from .load_options import backbone_device
-from .saving import reading, save_artifact
+from .locks import reading
+from .saving import save_artifact
 from .schema import FORMAT_VERSION, RESAVE, ArtifactError
 
 #: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.results.reporting`)
@@ -207,6 +208,7 @@ def _load_verified(
     """(record, calibrator, base, preprocessor) of the artifact in ``root``, each verified, under the folder's read lock."""
     with reading(root):
         record = read_record(root, allow_unverified=allow_unverified)
+        check_complete(root, record)
         calibrator = load_calibrator(root, record)
         base = base_model if base_model is not None else load_base(root, record, **hub_options)
         backbone = adapt(base, num_classes=calibrator.num_classes)

@@ -1,49 +1,45 @@
-"""Saving an artifact: writing its files, which files are the library's, and replacing an older artifact
-crash-atomically (folder locks, a journal rolled forward by the next save or load)."""
+"""Saving an artifact: its files are written into a staging folder inside the target, then renamed into place,
+the record last. A save replaces or deletes only files it can prove the library wrote (:mod:`.ownership`), never
+writes through a link, and a kill at any point leaves the old artifact, the new one, or a folder that loading
+recognises as torn (and refuses, changing nothing) until the next save. See docs/artifact.md, *Saving*."""
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import hashlib
+import dataclasses
 import json
 import os
-import re
 import secrets
 import shutil
 import stat
-from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from safetensors.torch import save_file
 from torch import nn
 
-from .._atomic import fsync_path, write_text_atomically
+from .._atomic import fsync_path
 from ..calibrators import Calibrator
-from .files import (
-    BASE_FOLDER,
-    CALIBRATION_CONFIG,
-    CALIBRATION_WEIGHTS,
-    CARD_FILE,
-    CARD_MARKER,
-    DIAGRAM_FILE,
-    JOURNAL_FILE,
-    STAGING_PREFIX,
-)
+from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, DIAGRAM_FILE, STAGING_PREFIX
 from .loading import check_tensor_values
-from .schema import (
-    MAX_RECORD_BYTES,
-    RECORD_DIGEST_KEY,
-    ArtifactError,
-    _json_default,
-    _path_list,
-    record_digest,
-    seal_record,
-    validate_record,
+from .locks import folder_lock
+from .ownership import (
+    Proofs, file_sha256, folder_proofs, in_the_way, is_generated_card, is_proven, linked_parent, read_json_record,
+    sealed_digests, sealed_manifest, staging_folders,
 )
+from .schema import RECORD_DIGEST_KEY, ArtifactError, _json_default, seal_record, validate_record
 
 #: Test hook: called with a step name between the steps of a save (the kill tests set it; see docs/artifact.md).
 SAVE_STEP_HOOK: Optional[Callable[[str], None]] = None
+
+#: Files every save writes (the diagram after an evaluation): what :func:`check_save_target` looks at before a fit.
+EVERY_SAVE_WRITES = (CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json", DIAGRAM_FILE)
+
+
+def _step(name: str) -> None:
+    hook = SAVE_STEP_HOOK
+    if hook is not None:
+        hook(name)
 
 
 # ----------------------------------------------------------------------------- writing files
@@ -56,247 +52,8 @@ def save_calibrator(calibrator: Calibrator, path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def is_generated_card(path: Path) -> bool:
-    return CARD_MARKER in path.read_text(encoding="utf-8", errors="replace")
-
-
 def write_json(path: Path, payload: Dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_json_default) + "\n", encoding="utf-8")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# ----------------------------------------------------------------------------- which files are the library's
-
-#: Files a format-1 artifact (which had no manifest) may have written but need not have: the preprocessor's. A user
-#: may have put files of these names there, so they are never deleted, and a save over such a folder is refused.
-LEGACY_PREPROCESSOR_FILES = (
-    "preprocessor_config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model",
-    "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
-)
-_LEGACY_BASE_WEIGHTS, _LEGACY_BASE_INDEX, _LEGACY_BASE_SHARDS = (
-    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors")
-
-
-def _sealed_manifest(record: Any) -> Optional[List[str]]:
-    """The manifest of a record that still matches its digest, else None (format 1, unreadable or altered)."""
-    files = record.get("files") if isinstance(record, dict) else None
-    manifest = files.get("manifest") if isinstance(files, dict) else None
-    intact = isinstance(record, dict) and record.get(RECORD_DIGEST_KEY) == record_digest(record)
-    return manifest if intact and isinstance(manifest, list) and not _path_list(manifest) else None
-
-
-def _legacy_base_files(names: Iterable[str]) -> Set[str]:
-    """Which of the files ``names`` of ``base/`` a format-1 save of an included transformers base provably wrote.
-
-    transformers' ``save_pretrained`` into that save's fresh folder wrote ``config.json`` and the weights: one
-    ``model.safetensors`` or, for a large base, an index and its shards, never both, and a classifier no
-    ``generation_config.json``. So beside ``model.safetensors`` a shard-named file or an index is the user's, and so
-    is any other file.
-    """
-    names = set(names)
-    if _LEGACY_BASE_WEIGHTS in names:
-        weights = {_LEGACY_BASE_WEIGHTS}
-    elif _LEGACY_BASE_INDEX in names:
-        weights = {_LEGACY_BASE_INDEX} | set(fnmatch.filter(names, _LEGACY_BASE_SHARDS))
-    else:
-        weights = set()
-    return ({"config.json"} | weights) & names
-
-
-def owned_files(record: Any, exists: Callable[[str], bool], listing: Callable[[str], Iterable[str]]) -> Set[str]:
-    """Relative paths of the files an artifact's own save wrote (not a user's), given its record.
-
-    A format-2 record lists them (``files.manifest``), trusted only while the record matches its
-    digest. For a format-1 record, or an unreadable or altered one, they are only the files every
-    format-1 save of that record wrote — the record, the calibration weights, ``config.json``, the
-    base's own files (:func:`_legacy_base_files`) and (after an evaluation) the diagram — never the
-    preprocessor's, which a user may have put there (``exists(path)`` filters them; ``listing(folder)``
-    lists the files of a folder, for ``base/``).
-    """
-    manifest = _sealed_manifest(record)
-    if manifest is not None:
-        return set(manifest) | {CALIBRATION_CONFIG}
-    record = record if isinstance(record, dict) else {}
-    base = record.get("base_model") if isinstance(record.get("base_model"), dict) else {}
-    included = base.get("weights") == "included"
-    owned = {name for name in (CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json") if exists(name)}
-    if isinstance(record.get("evaluation"), dict) and record["evaluation"].get("reliability") and exists(DIAGRAM_FILE):
-        owned.add(DIAGRAM_FILE)
-    if included and base.get("library") == "timm" and exists("model.safetensors"):
-        owned.add("model.safetensors")
-    if included and base.get("library") == "transformers":
-        owned |= {f"{BASE_FOLDER}/{name}" for name in _legacy_base_files(listing(BASE_FOLDER))}
-    return owned
-
-
-def _read_folder_record(root: Path) -> Any:
-    """The record saved in ``root`` as JSON data (None when unreadable); not validated."""
-    try:
-        return json.loads((root / CALIBRATION_CONFIG).read_bytes()[:MAX_RECORD_BYTES].decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def _unproven_files_kept(root: Path, staging: Path) -> Set[str]:
-    """Preprocessor files of an artifact without a sealed manifest (format 1, or an altered record) that the new
-    save writes byte for byte again (replacing them loses nothing); any other such file stops the save."""
-    if not os.path.lexists(root / CALIBRATION_CONFIG) or _sealed_manifest(_read_folder_record(root)) is not None:
-        return set()
-    present = [name for name in LEGACY_PREPROCESSOR_FILES if os.path.lexists(root / name)]
-    same = {name for name in present if _same_bytes(root / name, staging / name)}
-    unproven = [name for name in present if name not in same]
-    if unproven:
-        raise FileExistsError(
-            f"{root} holds a calibration saved without a manifest (format 1, or an altered record), so nothing proves "
-            f"that {', '.join(unproven)} were written by hf_calibrate rather than by you, and this save would replace "
-            "them or leave them beside the new artifact. Move them elsewhere (delete them if they are the old "
-            "calibration's own), or save to another folder."
-        )
-    return same
-
-
-def _same_bytes(existing: Path, staged: Path) -> bool:
-    """Whether ``existing`` is a plain file with exactly the bytes of the staged file ``staged``."""
-    if existing.is_symlink() or not existing.is_file() or not staged.is_file() or staged.is_symlink():
-        return False
-    return existing.stat().st_size == staged.stat().st_size and file_sha256(existing) == file_sha256(staged)
-
-
-def _owned_in_folder(root: Path) -> Set[str]:
-    """:func:`owned_files` of the artifact saved in the local folder ``root`` (empty when it holds none)."""
-    if not os.path.lexists(root / CALIBRATION_CONFIG):
-        return set()
-    record = _read_folder_record(root)
-
-    def listing(folder: str) -> List[str]:
-        directory = root / folder
-        return [entry.name for entry in os.scandir(directory) if entry.is_file()] if directory.is_dir() and not directory.is_symlink() else []
-
-    return owned_files(record, lambda name: os.path.lexists(root / name), listing)
-
-
-# ----------------------------------------------------------------------------- crash-atomic saving
-
-
-def _step(name: str) -> None:
-    hook = SAVE_STEP_HOOK
-    if hook is not None:
-        hook(name)
-
-
-@contextlib.contextmanager
-def folder_lock(folder: Path, *, exclusive: bool) -> Iterator[None]:
-    """An advisory ``flock`` on the folder itself (exclusive for a save, shared for a load).
-
-    Released by the kernel when the process dies, so a killed save never leaves a stale lock.
-    Where ``flock`` is unavailable (not POSIX, some network file systems) it is skipped.
-    """
-    try:
-        import fcntl
-
-        descriptor = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(descriptor, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(descriptor)
-
-
-def _needs_recovery(root: Path) -> bool:
-    return os.path.lexists(root / JOURNAL_FILE) or any(entry.name.startswith(STAGING_PREFIX) for entry in os.scandir(root))
-
-
-@contextlib.contextmanager
-def reading(root: Path) -> Iterator[None]:
-    """Hold a shared lock on a local artifact while it is read, after finishing any interrupted save."""
-    if not root.is_dir():
-        yield
-        return
-    if _needs_recovery(root):
-        try:
-            with folder_lock(root, exclusive=True):
-                recover(root)
-        except OSError as error:
-            raise ArtifactError(
-                f"{root} holds an interrupted save ({JOURNAL_FILE} or {STAGING_PREFIX}*) that could not be finished "
-                f"({error}); load it once with write access to the folder, or re-save the calibration."
-            ) from None
-    with folder_lock(root, exclusive=False):
-        yield
-
-
-def recover(root: Path) -> None:
-    """Finish an interrupted save of ``root`` (roll its journal forward) and drop dead staging folders.
-
-    Call with the folder's exclusive lock held: any staging folder then belongs to a dead save.
-    """
-    journal = _read_journal(root)
-    if journal is not None:
-        _apply_journal(root, journal)
-    for entry in os.scandir(root):
-        if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-
-
-def _read_journal(root: Path) -> Optional[Dict[str, Any]]:
-    path = root / JOURNAL_FILE
-    if not os.path.lexists(path):
-        return None
-    try:
-        journal = json.loads(path.read_text(encoding="utf-8"))
-        staging, lists = journal["staging"], (journal["write"], journal["delete"])
-        valid = staging.startswith(STAGING_PREFIX) and "/" not in staging and not any(_path_list(items) for items in lists)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        valid = False
-    if not valid:
-        raise ArtifactError(
-            f"{path} (the journal of an interrupted save) is damaged, so that save cannot be completed; delete it "
-            f"and any {STAGING_PREFIX}* folder beside it, then re-save the calibration."
-        )
-    return journal
-
-
-def _apply_journal(root: Path, journal: Dict[str, Any]) -> None:
-    """Roll a committed save forward; every step is idempotent, so a kill here is recovered by rerunning it."""
-    staging = root / journal["staging"]
-    for relative in journal["write"]:
-        source = staging / relative
-        if os.path.lexists(source):
-            (root / relative).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(source, root / relative)
-        _step(f"install {relative}")
-    for relative in journal["delete"]:
-        path = root / relative
-        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
-            path.unlink()
-        _prune_empty_parents(root, path.parent)
-        _step(f"delete {relative}")
-    shutil.rmtree(staging, ignore_errors=True)
-    _step("staging removed")
-    os.unlink(root / JOURNAL_FILE)
-    fsync_path(root)
-    _step("journal removed")
-
-
-def _prune_empty_parents(root: Path, folder: Path) -> None:
-    while folder != root and folder.is_relative_to(root):
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
 
 
 def list_files(folder: Path) -> List[str]:
@@ -309,59 +66,126 @@ def list_files(folder: Path) -> List[str]:
     return sorted(found)
 
 
-def _blocker(root: Path, relative: str) -> Optional[Path]:
-    """What in ``root`` stops the library writing ``relative``: an existing entry there, or a parent that is a link or a file."""
-    parts = PurePosixPath(relative).parts
-    for depth in range(1, len(parts)):
-        parent = root.joinpath(*parts[:depth])
-        if parent.is_symlink() or (os.path.lexists(parent) and not parent.is_dir()):
-            return parent
-    path = root / relative
-    return path if os.path.lexists(path) else None
+# ----------------------------------------------------------------------------- what may be replaced
 
 
-def _check_collisions(root: Path, written: List[str], owned: Set[str]) -> None:
-    """Refuse a save that would overwrite, or write through, something that is not the library's."""
-    for relative in written:
-        blocker = None if relative in owned or relative == CARD_FILE else _blocker(root, relative)
-        if blocker is not None:
-            raise FileExistsError(
-                f"{blocker} exists and was not written by hf_calibrate (it is not in the manifest of the folder's "
-                f"{CALIBRATION_CONFIG}); saving would overwrite it. Move it elsewhere, or save to another folder."
-            )
+def check_save_target(target: Path, names: Iterable[str] = EVERY_SAVE_WRITES) -> None:
+    """Refuse, before any work, a folder a save could not write: a file in place of the folder, or one of ``names``
+    in it that is a link, sits behind a linked folder, or is not provably the library's (``FileExistsError`` naming
+    them and the fix). A missing folder is fine: the save creates it."""
+    target = Path(os.path.abspath(target))
+    if os.path.lexists(target) and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder; save the calibration to a folder path.")
+    if target.is_dir():
+        _refuse_blockers(target, list(names), folder_proofs(target), replace_card=False)
+
+
+def _refuse_blockers(root: Path, names: List[str], proofs: Proofs, *, replace_card: bool) -> None:
+    exempt = {CARD_FILE} if replace_card and not (root / CARD_FILE).is_symlink() else set()
+    blocked = sorted({str(path) for path in (in_the_way(root, name, proofs) for name in names if name not in exempt) if path})
+    if blocked:
+        raise FileExistsError(
+            f"{', '.join(blocked[:5])}{' and others' if len(blocked) > 5 else ''}: hf_calibrate cannot prove it wrote "
+            f"{'this' if len(blocked) == 1 else 'these'} (a link, a file of yours, or a file changed since hf_calibrate "
+            f"saved it: its SHA-256 is not the one the folder's {CALIBRATION_CONFIG} records), and saving would replace "
+            "it. Move it elsewhere, or save to another folder."
+        )
 
 
 def _users_card(card: Path) -> bool:
     """True when ``card`` is a README.md (or a link) that hf_calibrate did not generate."""
-    return os.path.lexists(card) and (card.is_symlink() or not card.is_file() or not is_generated_card(card))
+    return os.path.lexists(card) and not is_generated_card(card)
 
 
-def _prepare(root: Path, staging: Path, record: Dict[str, Any], *, keep_user_card: bool) -> Dict[str, Any]:
-    """Finish the staging folder (record with manifest and digests) and return the journal to commit."""
-    card = root / CARD_FILE
-    if keep_user_card and _users_card(card):
-        (staging / CARD_FILE).unlink(missing_ok=True)  # the user's own README.md stays
-    written = [name for name in list_files(staging) if name != CALIBRATION_CONFIG] + [CALIBRATION_CONFIG]
-    owned = _owned_in_folder(root) | _unproven_files_kept(root, staging)
-    _check_collisions(root, written, owned)
-    files = record["files"]
-    files["manifest"] = sorted(written)
-    files["sha256"] = {files["weights"]: file_sha256(staging / files["weights"])}
-    sealed = seal_record(record)
-    validate_record(sealed, staging / CALIBRATION_CONFIG)  # never write a record that would not load
-    write_json(staging / CALIBRATION_CONFIG, sealed)
-    _step(f"staged {CALIBRATION_CONFIG}")
-    stale = sorted(name for name in owned - set(written) - {CARD_FILE} if os.path.lexists(root / name))
-    return {"protocol": 1, "staging": staging.name, "write": written, "delete": stale}
+# ----------------------------------------------------------------------------- saving
 
 
-def _commit(root: Path, staging: Path, journal: Dict[str, Any]) -> None:
-    """Flush the staged files, then atomically publish the journal: from here the save rolls forward."""
-    for name in journal["write"]:
-        fsync_path(staging / name)
-    # written in the staging folder, which a killed save's recovery removes; the rename is the commit point
-    write_text_atomically(root / JOURNAL_FILE, json.dumps(journal), durable=True, scratch_folder=staging)
-    _step("committed")
+def save_artifact(
+    target: Path, *, record: Dict[str, Any], config_json: Dict[str, Any], base_model: nn.Module, calibrator: Calibrator,
+    preprocessor: Any = None, reliability: Optional[Dict[str, Any]] = None, repo_id: Optional[str] = None,
+    overwrite_card: bool = False,
+) -> Path:
+    """Write the artifact into ``target`` (see docs/artifact.md); return ``target``."""
+    target = Path(os.path.abspath(target))
+    check_save_target(target, EVERY_SAVE_WRITES if reliability else EVERY_SAVE_WRITES[:-1])
+    check_tensor_values(f"the calibration to save ({CALIBRATION_WEIGHTS})", calibrator.state_dict())
+    created = not os.path.lexists(target)
+    target.mkdir(parents=True, exist_ok=True)
+    with folder_lock(target, exclusive=True):
+        _step("locked")
+        staging = _new_staging(target)
+        try:
+            _write_files(staging, record, config_json, base_model, calibrator, preprocessor, reliability, repo_id)
+            if not overwrite_card and _users_card(target / CARD_FILE):
+                (staging / CARD_FILE).unlink(missing_ok=True)  # the user's own README.md stays
+            plan = _plan(target, staging, record, manifest=list_files(staging) + [CALIBRATION_CONFIG], replace_card=overwrite_card)
+        except BaseException:
+            _discard(staging, target if created else None)
+            raise
+        _install(target, staging, plan)
+    return target
+
+
+def update_results(root: Path, staged: Path) -> List[str]:
+    """Replace a saved artifact's results in place: its record (only ``evaluation`` may differ), card and diagram.
+
+    Args:
+        root: the folder a calibration was saved to (its record sealed, its files as saved).
+        staged: a folder holding the new ``calibration_config.json`` (sealed here), ``README.md`` and, if the
+            results have one, ``reliability_diagram.png`` (the folder's diagram is removed when absent).
+
+    Returns the relative names replaced or removed. The same rules as a save: only provable files are replaced
+    (the card also when it is the user's: its model-index is what changes), never through a link.
+    """
+    root = Path(os.path.abspath(root))
+    with folder_lock(root, exclusive=True):
+        old, record = read_json_record(root / CALIBRATION_CONFIG), json.loads((staged / CALIBRATION_CONFIG).read_bytes())
+        kept = _unchanged_files(root, old, record)
+        staging = _new_staging(root)
+        try:
+            names = [name for name in (CARD_FILE, DIAGRAM_FILE) if (staged / name).is_file()]
+            for name in names:
+                shutil.copyfile(staged / name, staging / name)
+            _give_new_file_mode(staging)
+            digests = {name: digest for name, digest in sealed_digests(old).items() if name in kept}
+            plan = _plan(root, staging, record, manifest=kept + names + [CALIBRATION_CONFIG], digests=digests, replace_card=True)
+        except BaseException:
+            _discard(staging, None)
+            raise
+        _install(root, staging, plan)
+    return plan.written + plan.stale
+
+
+def _unchanged_files(root: Path, old: Any, record: Dict[str, Any]) -> List[str]:
+    """The files of the saved artifact that an update of its results keeps; refuses anything but a results update of a
+    complete, sealed artifact."""
+    manifest = sealed_manifest(old)
+    if manifest is None:
+        raise ArtifactError(f"{root / CALIBRATION_CONFIG} is not a sealed hf_calibrate record; save the model there again.")
+    unchanged = ("evaluation", "files", RECORD_DIGEST_KEY)
+    if {key: value for key, value in old.items() if key not in unchanged} != \
+            {key: value for key, value in seal_record(record).items() if key not in unchanged}:
+        raise ValueError("update_results replaces the results (the record's 'evaluation') only; the new record differs "
+                         "from the saved one elsewhere. Save the model with save_pretrained instead.")
+    kept = [name for name in manifest if name not in (CARD_FILE, DIAGRAM_FILE, CALIBRATION_CONFIG)]
+    torn = [name for name in kept if not is_proven(root, name, {k: {v} for k, v in sealed_digests(old).items()})]
+    if torn:
+        raise ArtifactError(f"{root}: {', '.join(torn[:5])} no longer match {CALIBRATION_CONFIG} (an interrupted save, or "
+                            "edited files); save the model there again before updating its results.")
+    return kept
+
+
+# ----------------------------------------------------------------------------- staging and installing
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a checked save installs (``written``, the record last) and deletes (``stale``, each proven the library's)."""
+
+    written: List[str]
+    stale: List[str]
+    proofs: Proofs
+    leftovers: List[Path]
 
 
 def _new_staging(root: Path) -> Path:
@@ -373,72 +197,80 @@ def _new_staging(root: Path) -> Path:
             return staging
 
 
-_LEGACY_TEMPORARY = r"\.{name}\.(saving|old)-[a-z0-9_]{{8}}"
+def _discard(staging: Path, created: Optional[Path]) -> None:
+    """Undo a save that failed before installing anything: its staging folder, and the target if the save made it."""
+    shutil.rmtree(staging, ignore_errors=True)
+    if created is not None:
+        with contextlib.suppress(OSError):
+            created.rmdir()
 
 
-def _legacy_temporaries(target: Path) -> List[Path]:
-    """Sibling folders left by format-1 saves (``.<name>.saving-*`` / ``.<name>.old-*``) of ``target``."""
-    if not target.parent.is_dir():
-        return []
-    pattern = re.compile(_LEGACY_TEMPORARY.format(name=re.escape(target.name)))
-    return [Path(entry.path) for entry in os.scandir(target.parent) if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)]
+def _plan(
+    root: Path, staging: Path, record: Dict[str, Any], *, manifest: List[str], digests: Optional[Dict[str, str]] = None,
+    replace_card: bool = False,
+) -> _Plan:
+    """Check that nothing in the way is the user's, seal the record (manifest and every file's SHA-256 but the
+    card's) into the staging folder, flush the staged files, and list the stale files the save will delete."""
+    leftovers = [folder for folder in staging_folders(root) if folder != staging]
+    proofs = folder_proofs(root)
+    written = [name for name in list_files(staging) if name != CALIBRATION_CONFIG] + [CALIBRATION_CONFIG]
+    _refuse_blockers(root, written, proofs, replace_card=replace_card)
+    files = record["files"]
+    files["manifest"] = sorted(manifest)
+    staged = {name: file_sha256(staging / name) for name in written if name not in (CARD_FILE, CALIBRATION_CONFIG)}
+    files["sha256"] = {**(digests or {}), **staged}
+    sealed = seal_record(record)
+    validate_record(sealed, staging / CALIBRATION_CONFIG)  # never write a record that would not load
+    write_json(staging / CALIBRATION_CONFIG, sealed)
+    _step(f"staged {CALIBRATION_CONFIG}")
+    for name in written:
+        fsync_path(staging / name)
+    stale = sorted(name for name in set(proofs) - set(manifest) if is_proven(root, name, proofs))
+    return _Plan(written, stale, proofs, leftovers)
 
 
-def recover_legacy_save(target: Path) -> None:
-    """Undo a format-1 save killed between its two renames: ``target`` is missing but its old copy is beside it."""
-    target = Path(os.path.abspath(target))
-    if os.path.lexists(target) or not target.parent.is_dir():
-        return
-    with folder_lock(target.parent, exclusive=True):
-        backups = [folder / "old" for folder in _legacy_temporaries(target) if (folder / "old" / CALIBRATION_CONFIG).is_file()]
-        if backups and not os.path.lexists(target):
-            os.replace(max(backups, key=lambda path: path.stat().st_mtime), target)
+def _install(root: Path, staging: Path, plan: _Plan) -> None:
+    """Delete the stale files, rename the staged ones into place (the record last), then drop the staging folders.
+
+    A kill here leaves a folder whose files do not all match its record: loading refuses it as torn, and the next
+    save, proving the installed files by the staged record its staging folder still holds, replaces them.
+    """
+    try:
+        for name in plan.stale:
+            if is_proven(root, name, plan.proofs):  # still the file the plan proved
+                (root / name).unlink()
+                _prune_empty_parents(root, (root / name).parent)
+            _step(f"delete {name}")
+        for name in plan.written:
+            _move_into(root, staging, name)
+            _step(f"install {name}")
+    except OSError as error:
+        error.add_note(f"The save into {root} stopped while installing its files: loading refuses the folder as torn "
+                       "(changing nothing) until the calibration is saved there again.")
+        raise
+    fsync_path(root)
+    for folder in [staging, *plan.leftovers]:
+        shutil.rmtree(folder, ignore_errors=True)  # reserved names, real folders: see ownership.staging_folders
+    _step("staging removed")
 
 
-def _check_target(target: Path) -> None:
-    if os.path.lexists(target) and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a folder; save the calibration to a folder path.")
+def _move_into(root: Path, staging: Path, name: str) -> None:
+    """``os.replace`` one staged file into ``root``, creating its folders; never through a link."""
+    if linked_parent(root, name) is not None:
+        raise FileExistsError(f"{linked_parent(root, name)} became a link or a file during the save; nothing is written through it.")
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging / name, root / name)
+    fsync_path((root / name).parent)
 
 
-def save_artifact(
-    target: Path,
-    *,
-    record: Dict[str, Any],
-    config_json: Dict[str, Any],
-    base_model: nn.Module,
-    calibrator: Calibrator,
-    preprocessor: Any = None,
-    reliability: Optional[Dict[str, Any]] = None,
-    repo_id: Optional[str] = None,
-    overwrite_card: bool = False,
-) -> Path:
-    """Write the artifact into ``target`` crash-atomically (see docs/artifact.md); return ``target``."""
-    target = Path(os.path.abspath(target))
-    _check_target(target)
-    check_tensor_values(f"the calibration to save ({CALIBRATION_WEIGHTS})", calibrator.state_dict())
-    recover_legacy_save(target)
-    created = not target.exists()
-    target.mkdir(parents=True, exist_ok=True)
-    with folder_lock(target, exclusive=True):
-        _step("locked")
-        recover(target)
-        for folder in _legacy_temporaries(target):
-            shutil.rmtree(folder, ignore_errors=True)
-        _step("recovered")
-        staging = _new_staging(target)
+def _prune_empty_parents(root: Path, folder: Path) -> None:
+    """Remove folders a deletion left empty, up to (not including) ``root``."""
+    while folder != root and folder.is_relative_to(root) and not folder.is_symlink():
         try:
-            _write_files(staging, record, config_json, base_model, calibrator, preprocessor, reliability, repo_id)
-            journal = _prepare(target, staging, record, keep_user_card=not overwrite_card)
-            _commit(target, staging, journal)
-        except BaseException:
-            if not os.path.lexists(target / JOURNAL_FILE):
-                shutil.rmtree(staging, ignore_errors=True)
-                if created:
-                    with contextlib.suppress(OSError):
-                        target.rmdir()
-            raise
-        _apply_journal(target, journal)
-    return target
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def _write_files(
@@ -475,11 +307,9 @@ def _write_files(
 
 
 def _give_new_file_mode(staging: Path) -> None:
-    """Give every staged file the mode the umask gives a new file (safetensors writes its files 0600)."""
-    probe = staging / ".hf_calibrate-mode-probe"
-    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    mode = stat.S_IMODE(probe.stat().st_mode)
-    probe.unlink()
+    """Give every staged file the mode the umask gives a new file (safetensors writes its files 0600): the staging
+    folder was made with ``mkdir``'s umask mode, whose read and write bits are a new file's."""
+    mode = stat.S_IMODE(staging.stat().st_mode) & 0o666
     for relative in list_files(staging):
         path = staging / relative
         if not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:

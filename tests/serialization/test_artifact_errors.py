@@ -65,7 +65,8 @@ def _edit_record(folder: Path, edit: Callable[[dict], None], *, reseal: bool = T
     record = json.loads((folder / CONFIG).read_text())
     edit(record)
     if reseal:
-        record["files"]["sha256"][record["files"]["weights"]] = serialization.file_sha256(folder / record["files"]["weights"])
+        digests = record["files"]["sha256"]
+        digests.update({name: serialization.file_sha256(folder / name) for name in digests if (folder / name).is_file()})
         record = serialization.seal_record(record)
     (folder / CONFIG).write_text(json.dumps(record))
 
@@ -117,6 +118,7 @@ def test_delta_shape_against_the_base_input_contract(copy_of, kind, wrong_shape)
     def edit(record: dict) -> None:
         record["calibrator"]["delta_shape"] = list(wrong_shape)
         record["input_contract"]["shape"] = list(wrong_shape)
+        record["fit"]["summary"]["selected"]["delta_norm"] = 0.0  # δ is zero now: the record states what it holds
 
     _edit_record(folder, edit)
     message = _refused(folder)
@@ -132,6 +134,7 @@ def test_delta_shape_against_the_record(copy_of):
     tensors = load_file(str(folder / WEIGHTS))
     tensors["delta"] = torch.zeros(3, 8, 8)
     save_file(tensors, str(folder / WEIGHTS))
+    _edit_record(folder, lambda record: None)  # digests of the new file: the shape check is what must catch it
     message = _refused(folder)
     assert str(folder / WEIGHTS) in message and "'delta'" in message and "(3, 8, 8)" in message
     assert "re-save" in message
@@ -146,6 +149,7 @@ def test_extra_or_missing_tensor(copy_of, change):
     else:
         del tensors["log_temperature"]
     save_file(tensors, str(folder / WEIGHTS))
+    _edit_record(folder, lambda record: None)
     message = _refused(folder)
     assert str(folder / WEIGHTS) in message
     assert ("unexpected tensors ['head.weight']" if change == "extra" else "missing tensors ['log_temperature']") in message
@@ -236,18 +240,21 @@ def test_a_record_downgraded_to_format_one_is_refused(copy_of):
 
 def test_a_genuine_format_one_record_needs_an_explicit_opt_in(copy_of, saved):
     """Without digests an edit cannot be detected (here T = 0.001, within every bound): refused unless
-    allow_unverified=True, which loads it with a warning; a re-save seals it so it loads verified again."""
+    allow_unverified=True, which loads it with a warning. Nothing proves which of its files the library wrote, so a
+    re-save into the same folder is refused; saved elsewhere it is sealed and loads verified again."""
     folder = copy_of("timm")
     _set_temperature(folder, 0.001)
-    _as_format_one(folder)
+    _as_format_one(folder, edit=lambda record: record["fit"]["summary"]["selected"].update(temperature=0.001))
     message = _refused(folder)
     assert str(folder / CONFIG) in message and "format-1" in message and "allow_unverified=True" in message
     with pytest.warns(serialization.UnverifiedArtifactWarning, match="unverified.*before digests"):
         model = CalibratedModel.from_pretrained(folder, allow_unverified=True)
     assert torch.allclose(model.calibrator.temperature, torch.tensor(0.001), rtol=1e-4)
-    model.save_pretrained(folder)
-    assert json.loads((folder / CONFIG).read_text())["format_version"] == 2
-    assert CalibratedModel.from_pretrained(folder).method == "neural_clamping"
+    with pytest.raises(FileExistsError, match="cannot prove it wrote"):
+        model.save_pretrained(folder)
+    model.save_pretrained(folder.parent / "sealed")
+    assert json.loads((folder.parent / "sealed" / CONFIG).read_text())["format_version"] == 2
+    assert CalibratedModel.from_pretrained(folder.parent / "sealed").method == "neural_clamping"
 
 
 def test_a_format_one_record_is_still_checked_against_its_base(copy_of):
@@ -310,6 +317,7 @@ def test_swapped_base_weights(copy_of, tmp_path, kind, weights):
     tm.fit(other, data, "temperature").save_pretrained(tmp_path / "other")
     assert (tmp_path / "other" / weights).read_bytes() != (folder / weights).read_bytes()
     shutil.copy(tmp_path / "other" / weights, folder / weights)
+    _edit_record(folder, lambda record: None)  # a consistent record: the fingerprint, not the file digest, must catch it
     message = _refused(folder)
     assert str(folder / weights) in message
     assert "not those the calibration" in message and "Restore the original base weights" in message

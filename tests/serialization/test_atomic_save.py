@@ -1,6 +1,7 @@
-"""Atomic saving: a save that fails before its commit leaves the previous folder byte-identical, one that
-fails after it is finished by the next load, and a save never loses a user's own README.md (unless
-``overwrite_card=True``) or their other files. (Kills at every step: test_reliability_artifacts.py.)"""
+"""Atomic saving: a save that fails before it installs anything leaves the previous folder byte-identical, one that
+fails while installing leaves a folder loading refuses (changing nothing) until the next save completes it, and a
+save never loses a user's own README.md (unless ``overwrite_card=True``) or their other files. (Kills at every
+step: test_reliability_artifacts.py; hostile folders: test_hostile_folders.py.)"""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def target(first_save, tmp_path) -> Path:
 
 
 def _leftovers(parent: Path, name: str) -> List[str]:
-    """Temporaries of a save of ``parent / name``: siblings (format 1) and the journal / staging inside it."""
+    """Temporaries of a save of ``parent / name``: anything beside it, and staging folders inside it."""
     inside = parent / name
     found = [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
     if inside.is_dir():
@@ -99,12 +100,15 @@ def _fail_replace(monkeypatch, when) -> None:
     monkeypatch.setattr(os, "replace", flaky)
 
 
-def _fail_in_commit(monkeypatch) -> None:
-    # the journal's rename is the commit point: failing it must leave the old artifact as it was
-    _fail_replace(monkeypatch, lambda name, _: name == serialization.JOURNAL_FILE)
+def _fail_in_record(monkeypatch) -> None:
+    # the last check before anything is installed: the record is validated before it is written
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(saving, "validate_record", fail)
 
 
-FAILURES = {"calibrator": _fail_after_calibrator, "card": _fail_in_card, "diagram": _fail_in_diagram, "commit": _fail_in_commit}
+FAILURES = {"calibrator": _fail_after_calibrator, "card": _fail_in_card, "diagram": _fail_in_diagram, "record": _fail_in_record}
 
 
 @pytest.mark.parametrize("where", list(FAILURES))
@@ -124,16 +128,20 @@ def test_failed_save_leaves_the_previous_folder_untouched(models, target, monkey
     assert CalibratedModel.from_pretrained(target).method == "neural_clamping"
 
 
-def test_failure_after_the_commit_is_finished_by_the_next_load(models, target, monkeypatch):
-    """Committed (journal written), then an install fails: the next load rolls the save forward."""
-    before = tm.file_hashes(target)
+def test_a_failure_while_installing_leaves_a_torn_folder_that_the_next_save_completes(models, target, monkeypatch):
+    """An install fails at its last step (every file but the record installed): loading refuses the folder naming the
+    files, and changes nothing; the next save completes it, equal to an uninterrupted save, with the user's notes kept."""
     with monkeypatch.context() as patch:
-        _fail_replace(patch, lambda name, number: number == 3)  # 1: the journal, 2: the first file, 3: the second
-        with pytest.raises(OSError, match="simulated failure"):
+        _fail_replace(patch, lambda name, _: name == serialization.CALIBRATION_CONFIG)
+        with pytest.raises(OSError, match="simulated failure") as failed:
             models["second"].save_pretrained(target)
-    assert (target / serialization.JOURNAL_FILE).exists()  # the interrupted save is on record
-    reloaded = CalibratedModel.from_pretrained(target)
-    assert reloaded.method == "neural_clamping"  # the new artifact, complete
+    assert any("saved there again" in note for note in failed.value.__notes__)
+    torn = tm.file_hashes(target)
+    with pytest.raises(serialization.ArtifactError, match="not a complete calibration.*a save into it was interrupted"):
+        CalibratedModel.from_pretrained(target)
+    assert tm.file_hashes(target) == torn  # loading wrote nothing
+    models["second"].save_pretrained(target)
+    assert CalibratedModel.from_pretrained(target).method == "neural_clamping"
     assert _leftovers(target.parent, target.name) == []
     assert (target / "notes.txt").read_text() == "my notes"
     reference_folder = target.parent / "reference" / target.name
@@ -144,7 +152,16 @@ def test_failure_after_the_commit_is_finished_by_the_next_load(models, target, m
     assert differing == ["README.md"]  # the card's usage snippet loads the folder it is in: otherwise the same
     card = (target / "README.md").read_text().replace(str(target), str(reference_folder))
     assert card == (reference_folder / "README.md").read_text()
-    assert after != before
+
+
+def test_a_changed_file_of_the_artifact_is_not_replaced(models, target):
+    """The user edited the saved config.json: it is no longer provably the library's, so a save refuses to replace
+    it (naming it) before writing anything."""
+    (target / "config.json").write_text((target / "config.json").read_text() + "\n")
+    before = tm.file_hashes(target)
+    with pytest.raises(FileExistsError, match="config.json.*cannot prove it wrote"):
+        models["second"].save_pretrained(target)
+    assert tm.file_hashes(target) == before and _leftovers(target.parent, target.name) == []
 
 
 @pytest.mark.parametrize("where", ["calibrator", "card"])
@@ -199,92 +216,23 @@ def test_files_the_previous_artifact_owned_do_not_linger(tmp_path):
     assert (target / "notes.txt").read_text() == "mine"
 
 
-def _format_one(folder: Path) -> None:
-    """Rewrite the folder's record as format 1 wrote it: no manifest, no digests, no format-2 keys."""
-    record = json.loads((folder / serialization.CALIBRATION_CONFIG).read_text())
-    record["format_version"] = 1
-    for key in ("manifest", "sha256"):
-        record["files"].pop(key)
-    for part, key in (("base_model", "classifier"), ("input_contract", "input_size"), ("input_contract", "value_range"), ("fit", "data_fingerprints")):
-        record[part].pop(key, None)
-    record.pop("record_sha256")
-    record.pop("evaluation", None)
-    (folder / serialization.CALIBRATION_CONFIG).write_text(json.dumps(record))
+def test_a_save_over_a_format_one_folder_changes_nothing(tmp_path):
+    """A format-1 folder (no digests) holding a user's tokenizer and notes: nothing proves which files the library
+    wrote, so the save is refused naming the record and the fix, and every file stays as it was."""
+    from _files import format_one_artifact
 
-
-USERS_PREPROCESSOR_FILES = {"tokenizer.json": "{\"mine\": 1}", "vocab.txt": "my\nwords\n",
-                            "special_tokens_map.json": "{\"mine\": 2}", "preprocessor_config.json": "{\"mine\": 3}"}
-
-
-def test_a_save_over_a_format_one_folder_never_deletes_unproven_files(tmp_path):
-    """A format-1 timm folder holding a user's tokenizer and processor files (names format 1 could have written, but
-    a timm save never does): nothing proves they are the library's, so the save is refused naming them, and every
-    file stays as it was."""
     base, data, _ = tm.make_base("timm")
     target = tmp_path / "model"
     tm.fit(base, data, "temperature").save_pretrained(target)
-    _format_one(target)
-    for name, text in {**USERS_PREPROCESSOR_FILES, "notes.txt": "my notes"}.items():
-        (target / name).write_text(text)
+    format_one_artifact(target)
+    (target / "tokenizer.json").write_text("{\"mine\": 1}")
+    (target / "notes.txt").write_text("my notes")
     before = {path.name: path.read_bytes() for path in target.iterdir()}
     with pytest.raises(FileExistsError) as refused:
         tm.fit(base, data, "histogram").save_pretrained(target)
     message = str(refused.value)
-    assert all(name in message for name in USERS_PREPROCESSOR_FILES) and "notes.txt" not in message
-    assert "format 1" in message and "Move them elsewhere" in message
+    assert serialization.CALIBRATION_CONFIG in message and "another folder" in message and "notes.txt" not in message
     assert {path.name: path.read_bytes() for path in target.iterdir()} == before
-
-
-def test_a_format_one_folder_re_saved_in_place_keeps_what_is_rewritten_identically(models, tmp_path):
-    """Loading a format-1 ViT folder unverified and saving it back: its preprocessor_config.json is written again
-    byte for byte (nothing lost), so the save goes through, seals the record and keeps the user's notes."""
-    target = tmp_path / "model"
-    models["first"].save_pretrained(target)
-    (target / "notes.txt").write_text("my notes")
-    _format_one(target)
-    with pytest.warns(serialization.UnverifiedArtifactWarning):
-        loaded = CalibratedModel.from_pretrained(target, allow_unverified=True)
-    loaded.save_pretrained(target)
-    record = json.loads((target / serialization.CALIBRATION_CONFIG).read_text())
-    assert record["format_version"] == 2 and "preprocessor_config.json" in record["files"]["manifest"]
-    assert (target / "notes.txt").read_text() == "my notes"
-    assert CalibratedModel.from_pretrained(target).method == "temperature"
-
-
-def _format_one_vit(models, target: Path) -> None:
-    """A format-1 ViT folder, its transformers base included in ``base/`` (no evaluation, so no diagram)."""
-    models["first"].save_pretrained(target)
-    _format_one(target)
-    (target / cards.DIAGRAM_FILE).unlink()
-
-
-def test_a_save_over_a_format_one_folder_keeps_unproven_base_files(models, tmp_path):
-    """In ``base/`` a format-1 save of a classifier wrote its config and its weights: one ``model.safetensors`` or,
-    for a large base, an index and its shards, never both, and never a ``generation_config.json`` (a classifier does
-    not generate). So beside ``model.safetensors`` a shard-named file, an index or a generation config is the user's:
-    a re-save that drops the base (reference-only) deletes the base's own files and keeps those."""
-    target = tmp_path / "model"
-    _format_one_vit(models, target)
-    users = {"generation_config.json": "{\"mine\": 1}", "model-00001-of-00002.safetensors": "mine",
-             "model.safetensors.index.json": "{\"mine\": 2}", "notes.txt": "my notes"}
-    for name, text in users.items():
-        (target / "base" / name).write_text(text)
-    models["first"].save_pretrained(target, include_base=False, base_model_id="org/base", base_revision="0" * 40)
-    assert {path.name: path.read_text() for path in (target / "base").iterdir()} == users
-
-
-def test_a_save_over_a_format_one_folder_drops_its_sharded_base(models, tmp_path):
-    """A format-1 folder whose base was saved in shards (an index and no model.safetensors): index and shards were
-    the base's own, so a reference-only re-save deletes them with the rest of ``base/``."""
-    target = tmp_path / "model"
-    _format_one_vit(models, target)
-    (target / "base" / "model.safetensors").unlink()
-    models["base"].save_pretrained(target / "base", max_shard_size="4KB")
-    assert (target / "base" / "model.safetensors.index.json").is_file() and not (target / "base" / "model.safetensors").exists()
-    with pytest.warns(serialization.UnverifiedArtifactWarning):
-        loaded = CalibratedModel.from_pretrained(target, allow_unverified=True)
-    loaded.save_pretrained(target, include_base=False, base_model_id="org/base", base_revision="0" * 40)
-    assert not (target / "base").exists()
 
 
 def test_saved_files_get_the_umask_mode(models, tmp_path):
@@ -321,19 +269,6 @@ def test_write_atomically_replaces_whole_or_not_at_all(tmp_path):
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
     _atomic.write_text_atomically(path, "new é")
     assert path.read_bytes() == "new é".encode("utf-8")
-
-
-def test_durable_write_through_a_scratch_folder_leaves_nothing_there(tmp_path, monkeypatch):
-    """The save journal's form: written in the staging folder, flushed, renamed into place; a failed rename
-    leaves the target as it was and no temporary in the scratch folder."""
-    scratch, path = tmp_path / "staging", tmp_path / "journal.json"
-    scratch.mkdir()
-    _atomic.write_text_atomically(path, '{"a": 1}', durable=True, scratch_folder=scratch)
-    assert path.read_text() == '{"a": 1}' and list(scratch.iterdir()) == []
-    _fail_replace(monkeypatch, lambda name, _: name == path.name)
-    with pytest.raises(OSError, match="simulated failure"):
-        _atomic.write_text_atomically(path, '{"a": 2}', durable=True, scratch_folder=scratch)
-    assert path.read_text() == '{"a": 1}' and list(scratch.iterdir()) == []
 
 
 def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path):

@@ -12,14 +12,18 @@ The groups, each a list so it can be counted:
   ``format_version``, missing keys, ``files.base`` pointing at the folder, a huge
   ``delta_shape``, local paths as hub repo ids, ...). All must be refused clearly.
 * :data:`SAVE_CASES` — saving over folders holding a user's files, another artifact, a
-  format-1 artifact, stale temporaries, or a format-1 save killed between its two renames.
+  format-1 artifact, or a dead save's staging folder.
 * :data:`OPTION_CASES` — ``from_pretrained``'s ``dtype`` / ``torch_dtype`` / ``device_map`` and
   the carried-over ``label2id``.
 * kills — a subprocess saving a ViT artifact over a BERT artifact with a user's files is killed
   (``os._exit``) at every step of the save (``serialization.saving.SAVE_STEP_HOOK``; the step list is
   measured by a dry run, :data:`STEP_KILLS`) and at every ``os.replace`` it makes
   (:data:`REPLACE_KILLS`, which needs no hook and so also runs against older code). Afterwards
-  the folder must load as the complete old or new artifact, with every user file intact.
+  loading must change nothing and give the complete old or new artifact, or refuse the folder as torn;
+  every user file must be intact; and saving again must give the new artifact with no temporaries left.
+* :data:`HOSTILE_CASES` (``test_hostile_folders.py``) — folders made to attack the loader and the next save:
+  journals, links out of the folder, sealed records claiming a user's files, torn folders. Loading writes
+  nothing, and nothing outside the target changes.
 * fuzz — random mutations (:data:`MUTATIONS`) of a valid record and its tensors (bytes, keys,
   values, shapes, dtypes); each loads identically or is refused with an ``ArtifactError``.
   Half of them are *re-sealed* (digests recomputed, as a consistent but hostile or buggy writer
@@ -65,7 +69,7 @@ from _files import format_one_artifact  # noqa: E402
 from hf_calibrate import CalibratedModel  # noqa: E402
 from hf_calibrate.serialization import ArtifactError  # noqa: E402
 
-CONFIG, WEIGHTS, JOURNAL, STAGING = "calibration_config.json", "calibration.safetensors", ".hf_calibrate-journal.json", ".hf_calibrate-staging-"
+CONFIG, WEIGHTS, STAGING = "calibration_config.json", "calibration.safetensors", ".hf_calibrate-staging-"
 OUTCOMES = ("refused clearly", "handled correctly", "silent bad result", "files lost", "unclear error")
 REFUSED, HANDLED, SILENT, LOST, UNCLEAR = OUTCOMES
 FIXES = ("re-save", "re-download", "upgrade", "Upgrade", "pass ", "load it with", "load the calibration with", "Restore",
@@ -360,7 +364,11 @@ LOAD_CASES: List[LoadCase] = [
         set_key("evaluation.difference.ece.low", None), set_key("evaluation.difference.ece.high", None),
         set_key("evaluation.verdicts.ece", "improved"))),
     LoadCase("fingerprint malformed", "vit", "'base_model.fingerprint'", set_key("base_model.fingerprint", "md5:0")),
-    LoadCase("tokenizer.json truncated", "bert", "preprocessor", truncate("tokenizer.json")),
+    LoadCase("tokenizer.json truncated", "bert", "tokenizer.json is not the file that was saved", truncate("tokenizer.json")),
+    LoadCase("record states a T its tensors do not hold (re-sealed)", "vit-ts", "'fit.summary.temperature'",
+             set_key("fit.summary.temperature", 0.1356)),
+    LoadCase("record states a ‖δ‖₂ its tensors do not hold (re-sealed)", "vit", "'fit.summary.selected.delta_norm'",
+             set_key("fit.summary.selected.delta_norm", 7.5)),
     LoadCase("max_length is negative", "bert", "'input_contract.preprocessing.max_length'",
              set_key("input_contract.preprocessing.max_length", -5)),
     LoadCase("image input_size has 1 dimension", "vit", "'input_contract.input_size'", set_key("input_contract.input_size", [16])),
@@ -491,39 +499,39 @@ def vit_over_bert_preprocessor(bed: Bed) -> Tuple[str, str]:
 
 
 def save_over_format_one(bed: Bed) -> Tuple[str, str]:
-    """A save over a format-1 BERT folder (no manifest) holding a user's files: its tokenizer files may be the user's,
-    so the save is refused naming them, and nothing in the folder changes."""
+    """A save over a format-1 BERT folder (no digests) holding a user's files: nothing proves which files the library
+    wrote, so the save is refused naming them, and nothing in the folder changes."""
     folder = bed.copy("bert", bed.scratch("format-one") / "model")
     format_one_artifact(folder)
     before = user_files(folder)
-    tokenizer = (folder / "tokenizer.json").read_bytes()
+    state = tree_state(folder)
     try:
         bed.model("vit").save_pretrained(folder)
     except FileExistsError as error:
-        kept = snapshot_user_files(folder) == before and (folder / "tokenizer.json").read_bytes() == tokenizer
-        clear_error = "tokenizer.json" in str(error) and "Move them" in str(error) and not leftovers(folder)
+        kept = snapshot_user_files(folder) == before and tree_state(folder) == state
+        clear_error = CONFIG in str(error) and "Move it" in str(error) and not leftovers(folder)
         return (REFUSED if clear_error else UNCLEAR) if kept else LOST, str(error)
-    lost = [name for name, value in snapshot_user_files(folder).items() if value != before[name]]
-    if lost or not (folder / "tokenizer.json").exists():
-        return LOST, f"files lost: {lost or ['tokenizer.json']}"
-    return SILENT, "saved beside the unproven tokenizer files"
+    return SILENT, "saved over files nothing proves are the library's"
 
 
-def format_one_resaved_in_place(bed: Bed) -> Tuple[str, str]:
-    """A format-1 ViT folder loaded with allow_unverified=True and saved back: sealed, the user's files kept."""
+def format_one_resaved_elsewhere(bed: Bed) -> Tuple[str, str]:
+    """A format-1 ViT folder loaded with allow_unverified=True: re-saving it in place is refused (nothing proves its
+    files are the library's), saving it to a new folder seals it."""
     folder = bed.copy("vit", bed.scratch("format-one-in-place") / "model")
     format_one_artifact(folder)
     before = user_files(folder)
     model = bed.load(folder, "vit", allow_unverified=True)
-    model.save_pretrained(folder)
-    lost = [name for name, value in snapshot_user_files(folder).items() if value != before[name]]
-    if lost:
-        return LOST, f"user files lost or changed: {lost}"
-    if json.loads((folder / CONFIG).read_text())["format_version"] != 2:
+    with contextlib.suppress(FileExistsError):
+        model.save_pretrained(folder)
+        return SILENT, "re-saved over unproven files"
+    if snapshot_user_files(folder) != before:
+        return LOST, "a user's file changed"
+    model.save_pretrained(folder.parent / "sealed")
+    if json.loads((folder.parent / "sealed" / CONFIG).read_text())["format_version"] != 2:
         return SILENT, "the re-saved record is not sealed"
-    if not torch.equal(logits(bed.load(folder, "vit"), bed.inputs("vit")), logits(bed.reference("vit"), bed.inputs("vit"))):
+    if not torch.equal(logits(bed.load(folder.parent / "sealed", "vit"), bed.inputs("vit")), logits(bed.reference("vit"), bed.inputs("vit"))):
         return SILENT, "the re-saved artifact differs from the original"
-    return HANDLED, "format 1 loaded on request, re-saved sealed, the user's files kept"
+    return HANDLED, "format 1 loaded on request, refused in place, re-saved sealed elsewhere"
 
 
 def refuses_to_overwrite_a_users_file(bed: Bed) -> Tuple[str, str]:
@@ -541,48 +549,35 @@ def refuses_to_overwrite_a_users_file(bed: Bed) -> Tuple[str, str]:
 
 
 def stale_temporaries_are_cleaned(bed: Bed) -> Tuple[str, str]:
-    """The next save removes the library's dead temporaries (its own names only), and the artifact loads."""
+    """The next save removes a dead save's staging folder inside the target (a real folder of the reserved name),
+    and touches nothing beside the target, even names older versions used there."""
     scratch = bed.scratch("stale")
     folder = bed.copy("vit-ts", scratch / "model")
     (folder / f"{STAGING}dead" / "base").mkdir(parents=True)
     (folder / f"{STAGING}dead" / CONFIG).write_text("{}")
     for name in (".model.saving-abcd1234", ".model.old-efgh_678"):
         (scratch / name).mkdir()
-    (scratch / ".model.saving-mine").mkdir()  # not a name the library makes
     bed.model("vit").save_pretrained(folder)
     left = leftovers(folder)
-    if left != [".model.saving-mine"]:
+    if left != [".model.old-efgh_678", ".model.saving-abcd1234"]:
         return SILENT, f"left behind: {left}"
-    return HANDLED, "stale temporaries removed, the user's look-alike kept"
-
-
-def legacy_killed_between_renames(bed: Bed) -> Tuple[str, str]:
-    """A format-1 save killed between its renames left no folder, only ``.model.old-*/old``: it is recovered."""
-    scratch = bed.scratch("legacy-kill")
-    old = bed.copy("vit-ts", scratch / ".model.old-ab12cd34" / "old")
-    format_one_artifact(old)
-    (old / "notes.txt").write_text("my notes")
-    bed.copy("vit", scratch / ".model.saving-ef56gh78")
-    try:
-        model = bed.load(scratch / "model", "vit-ts", allow_unverified=True)
-    except ArtifactError as error:
-        return LOST, f"the artifact is gone: {str(error)[:200]}"
-    if model.method != "temperature" or (scratch / "model" / "notes.txt").read_text() != "my notes":
-        return SILENT, "recovered the wrong folder"
-    return HANDLED, "the old artifact was put back"
+    return HANDLED, "the dead staging folder removed, nothing beside the folder touched"
 
 
 def tampered_manifest_deletes_nothing(bed: Bed) -> Tuple[str, str]:
-    """A record whose manifest was edited to claim a user's file (digest now wrong) cannot get it deleted."""
+    """A record re-sealed to claim a user's file (under a digest that is not its content's) cannot get it deleted."""
     folder = bed.copy("vit", bed.scratch("tampered-manifest") / "model")
     (folder / "notes.txt").write_text("my notes")
-    record = json.loads((folder / CONFIG).read_text())
-    record["files"]["manifest"] = record["files"].get("manifest", []) + ["notes.txt"]
-    (folder / CONFIG).write_text(json.dumps(record))
+
+    def claim(record: Dict[str, Any]) -> None:
+        record["files"]["manifest"].append("notes.txt")
+        record["files"]["sha256"]["notes.txt"] = "0" * 64
+
+    edit_record(folder, claim)
     bed.model("vit-ts").save_pretrained(folder)
     if not (folder / "notes.txt").is_file():
         return LOST, "a tampered manifest got the user's notes.txt deleted"
-    return HANDLED, "the altered manifest was not trusted"
+    return HANDLED, "the claim was not proven by the file's content"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,11 +596,10 @@ SAVE_CASES: List[Case] = [
     Case("folder mode kept; new folder gets the umask default", save_keeps_folder_mode),
     Case("saved files, safetensors included, get the umask's file mode", saved_files_get_the_umask_mode),
     Case("ViT over BERT: no stale tokenizer", vit_over_bert_preprocessor),
-    Case("format-1 folder with unproven tokenizer files: save refused, nothing deleted", save_over_format_one, REFUSED),
-    Case("format-1 artifact loaded unverified and re-saved in place", format_one_resaved_in_place),
+    Case("format-1 folder (no digests) with a user's files: save refused, nothing changed", save_over_format_one, REFUSED),
+    Case("format-1 artifact loaded unverified: refused in place, sealed elsewhere", format_one_resaved_elsewhere),
     Case("a user's file at an artifact path is not overwritten", refuses_to_overwrite_a_users_file, REFUSED),
     Case("stale temporaries cleaned by the next save", stale_temporaries_are_cleaned),
-    Case("format-1 save killed between its renames is recovered", legacy_killed_between_renames),
     Case("a tampered manifest cannot get a user's file deleted", tampered_manifest_deletes_nothing),
 ]
 
@@ -736,22 +730,49 @@ def same_artifact(model: CalibratedModel, reference: CalibratedModel) -> bool:
     )
 
 
-def check_after_kill(bed: Bed, folder: Path, before: Dict[str, Any]) -> Tuple[str, str]:
-    """The folder after a killed save: loads as the complete old or new artifact, user files intact, no debris."""
+def tree_state(folder: Path) -> Dict[str, Any]:
+    """Every entry under ``folder`` (links not followed): kind, bytes or link target, and modification time."""
+    state = {}
+    for path in [folder, *sorted(folder.rglob("*"))]:
+        info = path.lstat()
+        content = os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None
+        state[str(path.relative_to(folder))] = (stat.S_IFMT(info.st_mode), content, info.st_mtime_ns)
+    return state
+
+
+def load_after_kill(bed: Bed, folder: Path) -> Tuple[Optional[str], str]:
+    """Load a folder a killed save left: ("old" | "new", "") for a complete artifact, ("torn", message) when refused as
+    torn, (None, what went wrong) otherwise, which includes a load that changed anything in the folder."""
+    before = tree_state(folder)
     try:
         model = CalibratedModel.from_pretrained(folder)
-    except (ArtifactError, OSError) as error:
-        return LOST, f"does not load: {str(error)[:200]}"
-    old, new = bed.reference("bert"), bed.reference("vit")
-    which = "new" if same_artifact(model, new) else "old" if same_artifact(model, old) else None
+    except ArtifactError as error:
+        torn = "not a complete calibration" in str(error) and "re-save or re-download" in str(error)
+        which, detail = ("torn" if torn else None), str(error)[:300]
+    else:
+        old, new = bed.reference("bert"), bed.reference("vit")
+        which = "new" if same_artifact(model, new) else "old" if same_artifact(model, old) else None
+        detail = "" if which else "loads as neither the old nor the new artifact"
+    if tree_state(folder) != before:
+        return None, "loading changed the folder"
+    return which, detail
+
+
+def check_after_kill(bed: Bed, folder: Path, before: Dict[str, Any]) -> Tuple[str, str]:
+    """The folder after a killed save: loads as the complete old or new artifact or is refused as torn, changing
+    nothing; the user's files are intact; and saving again gives the new artifact with no temporaries left."""
+    which, detail = load_after_kill(bed, folder)
     lost = [name for name, value in snapshot_user_files(folder).items() if value != before[name]]
     if lost:
         return LOST, f"user files lost: {lost}"
     if which is None:
-        return SILENT, "loads as neither the old nor the new artifact"
-    if leftovers(folder):
-        return UNCLEAR, f"temporaries left after loading: {leftovers(folder)}"
-    return HANDLED, f"loads as the {which} artifact"
+        return (SILENT if detail.startswith("loads as neither") else UNCLEAR), detail
+    bed.model("vit").save_pretrained(folder)
+    if not same_artifact(CalibratedModel.from_pretrained(folder), bed.reference("vit")) or leftovers(folder):
+        return SILENT, f"saving again did not give the new artifact cleanly (left: {leftovers(folder)})"
+    if [name for name, value in snapshot_user_files(folder).items() if value != before[name]]:
+        return LOST, "saving again lost a user's file"
+    return HANDLED, f"loads as the {which} artifact" if which != "torn" else "refused as torn, changing nothing"
 
 
 # ----------------------------------------------------------------------------- fuzzing
@@ -948,6 +969,12 @@ class FuzzBed:
 # ----------------------------------------------------------------------------- counting
 
 
+def _hostile_cases() -> List[Case]:
+    from test_hostile_folders import HOSTILE_CASES  # that module imports this one
+
+    return HOSTILE_CASES
+
+
 def _outcome(case: Any, bed: Bed) -> str:
     """The outcome of a save or option case; an exception the case did not expect is an *unclear error*, counted
     rather than stopping the count."""
@@ -971,6 +998,7 @@ def reliability_counts(root: Optional[Path] = None, *, fuzz_iterations: int = FU
             "save": collections.Counter(_outcome(case, bed) for case in SAVE_CASES),
             "load options": collections.Counter(_outcome(case, bed) for case in OPTION_CASES),
             "kill": collections.Counter(check_after_kill(bed, folder, before)[0] for _, folder, before, _ in kill_jobs(bed)),
+            "hostile": collections.Counter(_outcome(case, bed) for case in _hostile_cases()),
         }
         fuzz, chooser = FuzzBed(bed), Chooser(seed)
         counts["fuzz"] = collections.Counter(fuzz.once(chooser)[0] for _ in range(fuzz_iterations))
