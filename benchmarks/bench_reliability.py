@@ -5,7 +5,7 @@ fix), *handled correctly*, *silent bad result*, *files lost*, or *unclear error*
 must be 0.
 
 * Artifacts (corrupt records and tensors, saves over a user's files, load options, a save killed
-  at every step, and hypothesis-style fuzzing of a valid artifact): ``tests/serialization/test_reliability_artifacts.py``
+  at every step, hypothesis-style fuzzing of a valid artifact, and hostile folders): ``tests/serialization/test_reliability_artifacts.py``
   run as a script classifies every case itself (``reliability_counts``).
 * Data, options, labels, input sizes: the parametrised cases of ``tests/integration/test_reliability_inputs.py``,
   ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes),
@@ -144,8 +144,13 @@ def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
         *_report.table(("group", "cases", *OUTCOMES), rows, "lrrrrrr"),
         "",
         "*silent bad result*, *files lost* and *unclear error* must be 0. The groups load, save, load options, "
-        "kill (a save over a user's files killed at every step) and fuzz (mutations of a valid artifact's record "
-        "and tensors) come from `tests/serialization/test_reliability_artifacts.py`, which classifies each case itself; the "
+        "kill (a save over a user's files killed at every step: loading the folder then changes nothing and gives the "
+        "old or the new artifact or refuses it as torn, and saving again completes it), fuzz (mutations of a valid "
+        "artifact's record and tensors) and hostile (folders made to attack the loader and the next save: old save "
+        "journals, links out of the folder, a staging folder that is a link, sealed records claiming a user's files, "
+        "torn folders; each case fails as *files lost* if anything outside the folder changed, and as *silent bad "
+        "result* if loading wrote anything) come from `tests/serialization/test_reliability_artifacts.py` and "
+        "`tests/serialization/test_hostile_folders.py`, which classify each case themselves; the "
         "others are the cases of `tests/integration/test_reliability_inputs.py`, `tests/backbones/test_reliability_input_size.py` and "
         "`tests/fitting/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
         "and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample "

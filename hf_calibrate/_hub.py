@@ -11,10 +11,11 @@ import dataclasses
 import glob
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional
 
-from huggingface_hub import HfApi, ModelCard, snapshot_download
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HFValidationError,
@@ -24,9 +25,12 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from .results import cards
-from ._atomic import write_text_atomically
-from .serialization import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError, list_files, owned_files
+from .card_results import ResultsUpdate, card_location, stage_results
+from .serialization import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, ArtifactError, list_files, manifest_files
+from .serialization import evaluated_model
+from .serialization.files import DIAGRAM_FILE
+from .serialization.loading import read_record
+from .serialization.saving import update_results
 
 # Files a calibrated repo needs; others (e.g. a user's notebooks) are not downloaded.
 _ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "README.md", "*.png", "base/*"]
@@ -126,13 +130,8 @@ def _stale_remote_files(api: HfApi, repo_id: str, revision: Optional[str], token
     try:
         record = json.loads(Path(api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision, token=token)).read_text("utf-8"))
     except (EntryNotFoundError, OSError, ValueError):
-        record = None  # unreadable: the names a calibration writes count as its own
-
-    def listing(folder: str) -> List[str]:
-        prefix = f"{folder}/"
-        return [name[len(prefix):] for name in names if name.startswith(prefix) and "/" not in name[len(prefix):]]
-
-    return sorted(owned_files(record, names.__contains__, listing) - uploaded - {CARD_FILE})
+        record = None  # unreadable: nothing proves which files it wrote, so none is deleted
+    return sorted(manifest_files(record) - uploaded - {CARD_FILE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +140,28 @@ class ResultsTarget:
 
     Attributes:
         name: the folder or repo id as given.
+        record: its calibration record, validated (whose results alone it takes:
+            :func:`~.serialization.evaluated_model.check_results_owner`).
+        card: its README.md.
         folder: the local folder (None: a hub repo).
         head: the hub commit the card is read from and committed on top of (None: a local folder).
         revision: the hub branch read and written (None: the default).
+        files: the files of the hub repo at ``head`` (empty: a local folder).
     """
 
     name: str
+    record: Dict[str, Any]
+    card: str
     folder: Optional[Path] = None
     head: Optional[str] = None
     revision: Optional[str] = None
+    files: FrozenSet[str] = frozenset()
 
 
 def results_target(target: str | os.PathLike, *, token: Optional[str | bool] = None, revision: Optional[str] = None) -> ResultsTarget:
     """Check, before anything is evaluated, that ``target`` can take new results: a local folder holding a calibration
-    and its model card, or a hub repo (checked for existence and a card). Raises :class:`ArtifactError` naming the fix."""
+    and its model card, or a hub repo (checked for existence, a card and a calibration record). Raises
+    :class:`ArtifactError` naming the fix."""
     name = os.fspath(target)
     folder = Path(name)
     if folder.is_dir():
@@ -162,9 +169,11 @@ def results_target(target: str | os.PathLike, *, token: Optional[str | bool] = N
         if missing:
             raise ArtifactError(f"the folder {name} has no {' or '.join(missing)}: it is not a saved calibration; save the "
                                 "model there with CalibratedModel.save_pretrained first, or give its hub repo id.")
-        return ResultsTarget(name, folder=folder)
+        card = (folder / CARD_FILE).read_text(encoding="utf-8", errors="replace")
+        return ResultsTarget(name, read_record(folder), card, folder=folder)
+    api = HfApi(token=token)
     try:
-        head = HfApi(token=token).model_info(name, revision=revision, files_metadata=False)
+        head = api.model_info(name, revision=revision, files_metadata=False)
     except HFValidationError:
         raise ArtifactError(f"{name!r} is neither a local folder nor a hub repo id (user/name); give the folder the model "
                             "was saved to, or its repo id.") from None
@@ -176,9 +185,12 @@ def results_target(target: str | os.PathLike, *, token: Optional[str | bool] = N
             f"could not find {name!r}{f' at revision {revision!r}' if revision else ''} on the hub "
             f"({type(error).__name__}); push the model first (CalibratedModel.push_to_hub) or check the repo id."
         ) from None
-    if CARD_FILE not in {sibling.rfilename for sibling in head.siblings or []}:
+    files = frozenset(sibling.rfilename for sibling in head.siblings or [])
+    if CARD_FILE not in files:
         raise ArtifactError(f"{name!r} has no {CARD_FILE} to add results to; push the model with CalibratedModel.push_to_hub first.")
-    return ResultsTarget(name, head=head.sha, revision=revision)
+    card = Path(api.hf_hub_download(name, CARD_FILE, revision=head.sha)).read_text(encoding="utf-8", errors="replace")
+    record = read_record(_download_config(api, name, head.sha).parent)
+    return ResultsTarget(name, record, card, head=head.sha, revision=revision, files=files)
 
 
 def push_evaluation_results(
@@ -188,51 +200,71 @@ def push_evaluation_results(
     token: Optional[str | bool] = None,
     revision: Optional[str] = None,
     commit_message: Optional[str] = None,
-) -> Any:
-    """Replace the ``model-index`` results of a calibration's model card with ``evaluation``.
+) -> ResultsUpdate:
+    """Replace the results of a calibration's card with ``evaluation``, which must be results of that very calibration.
 
     Args:
-        target: a hub repo holding a calibration (its README.md is read and rewritten in one commit), a local folder
-            the model was saved to (its README.md is rewritten in place, atomically), or a checked
-            :func:`results_target`.
-        evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split), or the ``evaluate``
-            evaluator's results of the base's and the calibrated model's pipelines, converted by
-            :func:`hf_calibrate.results.evaluator.as_evaluation`.
+        target: a hub repo holding a calibration (changed in one commit), a local folder the model was saved to
+            (changed in place, crash-safely), or a checked :func:`results_target`.
+        evaluation: a :meth:`CalibratedModel.evaluate` result (e.g. on another split), which names the model it was
+            computed on (``model_identity``); :meth:`CalibratedModel.push_evaluation_results` also takes the
+            ``evaluate`` evaluator's results converted by :func:`hf_calibrate.results.evaluator.as_evaluation`.
         token, revision: as for any hub call; ``revision`` is the branch read and written.
         commit_message: default "Update evaluation results (hf_calibrate)".
 
-    The card's other metadata and its body are kept as they are (the body's results table
-    still shows the numbers it was generated with, and so does ``calibration_config.json``,
-    which is not touched). A hub commit is made on top of the commit the card was read from,
-    so a concurrent change to the repo makes it fail instead of being overwritten. Returns the
-    ``CommitInfo`` (a local folder: the card's path).
+    The record's ``evaluation`` is replaced and the card regenerated from it, so its body, results table, reliability
+    diagram and ``model-index`` tell one story (a diagram that no longer applies is removed); a README.md the user
+    wrote keeps its body and gets the new ``model-index`` only. Results of another model are refused (an
+    :class:`ArtifactError` naming both). A hub commit is made on top of the commit the card was read from, so a
+    concurrent change to the repo makes it fail instead of being overwritten. Returns what was replaced
+    (:class:`~hf_calibrate.card_results.ResultsUpdate`, with the hub's ``CommitInfo``).
     """
+    identity = _identity(evaluation)
+    checked = target if isinstance(target, ResultsTarget) and target.folder is None else results_target(
+        target.name if isinstance(target, ResultsTarget) else target, token=token, revision=revision)
+    evaluated_model.check_results_owner(identity, checked.record, checked.name)
+    with tempfile.TemporaryDirectory(prefix="hf_calibrate_results_") as tmp:
+        staged = Path(tmp)
+        if checked.folder is None:
+            update = stage_results(checked.record, evaluation, staged, card_text=checked.card, location=checked.name)
+            return _commit_results(checked, update, staged, HfApi(token=token), commit_message)
+        update = stage_results(checked.record, evaluation, staged, card_text=checked.card,
+                               location=card_location(checked.card, checked.folder))
+        removed = [name for name in update_results(checked.folder, staged) if name not in update.files]
+        return dataclasses.replace(update, removed=tuple(removed))
+
+
+def _commit_results(
+    checked: ResultsTarget, update: ResultsUpdate, staged: Path, api: HfApi, commit_message: Optional[str]
+) -> ResultsUpdate:
+    """Commit the staged files of ``update`` to the hub repo ``checked`` on top of the commit they were made from,
+    removing a diagram of the calibration's (in its manifest) that the new results do not have."""
+    removed = [DIAGRAM_FILE] if DIAGRAM_FILE not in update.files and DIAGRAM_FILE in checked.files & manifest_files(
+        checked.record) else []
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(staged / name)) for name in update.files]
+    commit = api.create_commit(
+        checked.name, [*operations, *(CommitOperationDelete(path_in_repo=name) for name in removed)],
+        commit_message=commit_message or "Update evaluation results (hf_calibrate)", revision=checked.revision,
+        parent_commit=checked.head,
+    )
+    return dataclasses.replace(update, removed=tuple(removed), commit=commit)
+
+
+def _identity(evaluation: Dict[str, Any]) -> Dict[str, Any]:
+    """The identity of the model ``evaluation`` was computed on; a ValueError naming the fix when it has none."""
     if not evaluation or "calibrated" not in evaluation or "uncalibrated" not in evaluation:
         raise ValueError(
             "evaluation must be a CalibratedModel.evaluate(...) result (with 'uncalibrated' and 'calibrated'), or evaluator "
             "results converted by hf_calibrate.results.evaluator.as_evaluation(...)."
         )
-    checked = target if isinstance(target, ResultsTarget) else results_target(target, token=token, revision=revision)
-    if checked.folder is not None:
-        card = ModelCard.load(checked.folder / CARD_FILE)
-        task = card.data.pipeline_tag or _config_task(checked.folder / CALIBRATION_CONFIG)
-        _set_results(card, evaluation, task, checked.folder.resolve().name)
-        write_text_atomically(checked.folder / CARD_FILE, str(card))
-        return checked.folder / CARD_FILE
-    api = HfApi(token=token)
-    card = ModelCard.load(api.hf_hub_download(checked.name, CARD_FILE, revision=checked.head))
-    task = card.data.pipeline_tag or _config_task(_download_config(api, checked.name, checked.head))
-    _set_results(card, evaluation, task, checked.name.split("/")[-1])
-    return api.upload_file(
-        path_or_fileobj=str(card).encode("utf-8"), path_in_repo=CARD_FILE, repo_id=checked.name, revision=checked.revision,
-        commit_message=commit_message or "Update evaluation results (hf_calibrate)", parent_commit=checked.head,
-    )
-
-
-def _set_results(card: ModelCard, evaluation: Dict[str, Any], task: str, model_name: str) -> None:
-    card.data.eval_results = cards.eval_results(evaluation, task)
-    if not card.data.model_name:
-        card.data.model_name = model_name
+    if not evaluation.get(evaluated_model.IDENTITY_KEY):
+        raise ValueError(
+            f"the evaluation does not say which calibrated model it was computed on (it has no "
+            f"'{evaluated_model.IDENTITY_KEY}', e.g. an as_evaluation(...) result), so nothing shows the results are the "
+            "target's. Push a CalibratedModel.evaluate(...) result, or push with calibrated.push_evaluation_results(target, "
+            "evaluation), calibrated being the model whose pipeline computed the results."
+        )
+    return evaluation[evaluated_model.IDENTITY_KEY]
 
 
 def _download_config(api: HfApi, repo_id: str, revision: str) -> Path:
@@ -241,11 +273,6 @@ def _download_config(api: HfApi, repo_id: str, revision: str) -> Path:
         return Path(api.hf_hub_download(repo_id, CALIBRATION_CONFIG, revision=revision))
     except EntryNotFoundError:
         raise ArtifactError(
-            f"{repo_id!r} has neither a pipeline_tag in its {CARD_FILE} nor a {CALIBRATION_CONFIG}; "
-            "it is not an hf_calibrate calibration."
+            f"{repo_id!r} has no {CALIBRATION_CONFIG}: it is not an hf_calibrate calibration, so it cannot take "
+            "calibration results; push the calibrated model there with CalibratedModel.push_to_hub first."
         ) from None
-
-
-def _config_task(path: Path) -> str:
-    """The base task recorded in a calibration_config.json."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))["base_model"]["task"]

@@ -17,6 +17,7 @@ from torch import nn
 
 from . import _hub, serialization
 from .serialization import record as saved_record
+from .serialization.evaluated_model import IDENTITY_KEY, model_identity
 from .serialization.load_options import TRANSFORMERS_LOAD_KWARGS, TRANSFORMERS_SAVE_KWARGS, load_device, load_dtype
 
 
@@ -72,8 +73,8 @@ class CalibratedHubMixin:
         """Load a calibrated model from a folder or a hub repo id (``revision`` pins a commit).
 
         Verifies the artifact (record schema and digest, tensors, δ, labels, base fingerprint; an
-        :class:`~hf_calibrate.serialization.ArtifactError` names the file, key and fix) after finishing a save
-        of the folder that a crash interrupted. ``base_model`` supplies the base of a plain-module calibration
+        :class:`~hf_calibrate.serialization.ArtifactError` names the file, key and fix). Loading writes nothing: a
+        folder left torn by an interrupted save is refused (naming its files) until it is saved again. ``base_model`` supplies the base of a plain-module calibration
         (or overrides the saved one; its fingerprint must match).
 
         ``dtype`` (``torch_dtype`` is its older name): None or ``"auto"`` keep the dtype the base was saved and
@@ -96,7 +97,6 @@ class CalibratedHubMixin:
             raise TypeError(f"from_pretrained() got unexpected keyword argument(s) {sorted(unknown)}.")
         target_dtype, device = load_dtype(dtype, torch_dtype), load_device(device_map)
         hub_options = dict(token=token, cache_dir=cache_dir, local_files_only=local_files_only)
-        serialization.recover_legacy_save(Path(pretrained_model_name_or_path))
         root = _hub.resolve_folder(
             pretrained_model_name_or_path, revision=revision, force_download=force_download, subfolder=subfolder, **hub_options
         )
@@ -130,9 +130,18 @@ class CalibratedHubMixin:
         self, repo_id: str | os.PathLike, evaluation: Optional[Dict[str, Any]] = None, *, token: Optional[str | bool] = None,
         revision: Optional[str] = None, commit_message: Optional[str] = None,
     ) -> Any:
-        """Put ``evaluation`` (default: ``last_evaluation``) into the model-index of the card of ``repo_id`` (one commit),
-        or of a local folder the model was saved to (rewritten in place)."""
+        """Replace the results of the card of ``repo_id`` (one commit), or of a local folder the model was saved to, with
+        ``evaluation`` (default: ``last_evaluation``): the card's body, results table and ``model-index``, its reliability
+        diagram and the record's ``evaluation`` change together (a README.md of your own keeps its body).
+
+        The results must be this model's, and ``repo_id`` must hold this model: results of another calibration are
+        refused (an :class:`~hf_calibrate.serialization.ArtifactError` naming both). An evaluation that does not name its
+        model (an :func:`~hf_calibrate.results.evaluator.as_evaluation` result) is taken to be this model's. Returns
+        what was replaced (:class:`~hf_calibrate.card_results.ResultsUpdate`; ``str()`` says it in words).
+        """
         evaluation = evaluation if evaluation is not None else self.last_evaluation
         if not evaluation:
             raise ValueError("nothing to push: run calibrated.evaluate(test_data) first, or pass evaluation=....")
+        if not evaluation.get(IDENTITY_KEY):
+            evaluation = {**evaluation, IDENTITY_KEY: model_identity(self)}
         return _hub.push_evaluation_results(repo_id, evaluation, token=token, revision=revision, commit_message=commit_message)

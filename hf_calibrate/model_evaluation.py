@@ -16,14 +16,16 @@ model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same
      "dataset": str, "split": str or None, "n_bins": int, "in_sample": bool or None (unknown),
      "in_sample_rows": {"calibration": int, "total": int} or None,
      "calibration_dataset": str, "calibration_split": str or None,
-     "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...}}
+     "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...},
+     "model_identity": {"calibration_sha256": str, "base_fingerprint": str or None, "description": str}}
 
 where ``in_sample`` is True when the data hold rows the fit used (:func:`hf_calibrate.results.reporting.in_sample_rows`), and
 ``in_sample_rows`` says how many of their rows those are (None when ``in_sample`` is not True, or was
 given); metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
 their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads
 them back; the plotting functions take them as they are); :mod:`hf_calibrate.results.evaluation` describes
-the intervals and verdicts.
+the intervals and verdicts; ``model_identity`` names the calibrated model the results are of
+(:mod:`hf_calibrate.serialization.evaluated_model`), so that they go into no other model's card.
 
 The warnings raised under :func:`accumulate` that point at the user's line count on the call
 depth ``user → evaluate / compare / fit_and_evaluate → evaluate_model / one helper → accumulate``;
@@ -51,6 +53,7 @@ from .metrics import CalibrationMetrics
 from .metrics._checks import check_n_bins
 from .results import evaluation, reporting
 from .results.reporting import FittedModel, in_sample_rows
+from .serialization.evaluated_model import IDENTITY_KEY, model_identity
 
 #: ``evaluate``'s own keywords (beside the engine options) and their defaults
 EVALUATION_KEYWORDS: Dict[str, Any] = {
@@ -163,6 +166,7 @@ def evaluate_model(
             "in_sample_rows": rows,
             "calibration_dataset": model.provenance.get("dataset_name"),
             "calibration_split": model.provenance.get("split"),
+            IDENTITY_KEY: model_identity(model),
         }
     model.last_evaluation = result
     return result

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .._errors import UserError
 from .inputs import engine_options, fit_options, fit_splits, flag_options, load_data, per_method_options
-from .output import Console, check_writable, draw_diagram, fit_warning_lines, fit_warnings_reported_here, metric_table
+from .output import (Console, check_diagram_target, check_writable, draw_diagram, fit_warning_lines, fit_warnings_reported_here,
+                     metric_table)
 
 if TYPE_CHECKING:
     from ..model_loading import LoadedModel
@@ -39,6 +40,7 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
     from ..modeling import fit_and_evaluate
     from ..results.reporting import (FALLBACK_SAVED, fallback_advice, auto_note, auto_table, evaluation_label, fitted_text,
                              in_sample_warning, source_display_name)
+    from ..serialization.saving import check_save_target
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
@@ -47,8 +49,8 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
                         "split alone); drop --validation-split, or use a method that selects on one (neural_clamping, "
                         "tst, vtst, mac_cal).")
     options = fit_options(args)
-    if args.output is not None and state.is_main_process:
-        check_writable(args.output, "--output", folder=True)
+    if args.output is not None and state.is_main_process:  # a user's file in the way fails here, not after the fit
+        check_writable(args.output, "--output", folder=True, replaceable=check_save_target)
     loaded = _load_model(args, state)
     if loaded.calibrated:
         raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); fit a calibration of its base model instead.")
@@ -102,11 +104,13 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     from ..scoring import evaluate_plain_model
 
     if args.diagram is not None and state.is_main_process:
-        check_writable(args.diagram, "--diagram", folder=False)
+        check_writable(args.diagram, "--diagram", folder=False, replaceable=check_diagram_target)
     target = _results_target(args) if args.push_results and state.is_main_process else None  # before anything runs
     loaded = _load_model(args, state)
     if args.push_results and not loaded.calibrated:
         raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
+    if target is not None:
+        _results_target(args, loaded.model, target)  # that it holds this very model, before evaluating
     data = load_data(args, adapt(loaded.base), state, args.label_column,
                      lambda available: {"evaluation": select_split(available, args.split, ("test",), "--split")})
     naming = dict(dataset_name=source_display_name(args.dataset), split=data.names["evaluation"], n_bins=args.n_bins,
@@ -128,17 +132,22 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     if target is not None:
         from .. import _hub
 
-        commit = _hub.push_evaluation_results(target, evaluation, token=args.token)
-        console.note(f"pushed the results to {args.push_results}: {getattr(commit, 'commit_url', commit)}")
+        update = _hub.push_evaluation_results(target, evaluation, token=args.token)
+        console.note(f"pushed the results to {args.push_results}: {update}")
 
 
-def _results_target(args: argparse.Namespace) -> Any:
-    """``--push-results``' folder or repo, checked (exists, holds a calibration card) before anything is evaluated."""
+def _results_target(args: argparse.Namespace, model: Any = None, checked: Any = None) -> Any:
+    """``--push-results``' folder or repo, checked before anything is evaluated: before the model loads, that it exists
+    and holds a calibration card; then (``checked``, with the loaded ``model``) that it holds that very model."""
     from .. import _hub
     from ..serialization import ArtifactError
+    from ..serialization.evaluated_model import check_results_owner, model_identity
 
     try:
-        return _hub.results_target(args.push_results, token=args.token)
+        if checked is None:
+            return _hub.results_target(args.push_results, token=args.token)
+        check_results_owner(model_identity(model), checked.record, checked.name, evaluated=args.model)
+        return checked
     except ArtifactError as error:
         raise UserError(f"--push-results: {error}") from None
 
@@ -174,7 +183,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
 
     own_options = per_method_options(args.option, args.methods)  # before any loading: a typo fails at once
     if state.is_main_process:
-        check_writable(args.output, "--output", folder=True)
+        check_writable(args.output, "--output", folder=True, replaceable=comparison.check_folder)
     loaded = _load_model(args, state)
     if loaded.calibrated:
         raise UserError(f"{args.model} is already calibrated ({loaded.model.method}); compare calibrations of its base model.")

@@ -313,6 +313,11 @@ def _card_data(record: Dict[str, Any], name: str, evaluation: Optional[Dict[str,
     )
 
 
+def recorded_evaluation(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The evaluation a record's card shows: its ``evaluation``, completed from its ``fit`` (None: none recorded)."""
+    return reporting.completed_evaluation(record["evaluation"], record["fit"]) if record.get("evaluation") else None
+
+
 def render_card(
     record: Dict[str, Any], *, repo_id: Optional[str | os.PathLike] = None, diagram: Optional[str] = None
 ) -> ModelCard:
@@ -336,7 +341,7 @@ def render_card(
                     "reference": f"not copied: they load from {base.get('repo_id')} at revision {base.get('revision')}",
                     "not_saved": "not saved (a plain PyTorch module): pass `base_model=` when loading"}[base["weights"]]
     fit = record["fit"]
-    evaluation = reporting.completed_evaluation(record["evaluation"], fit) if record.get("evaluation") else None
+    evaluation = recorded_evaluation(record)
     return ModelCard.from_template(
         _card_data(record, name, evaluation),
         template_str=_template(),
@@ -368,7 +373,8 @@ DIAGRAM_SIDES = ("uncalibrated", "calibrated")
 
 
 def write_diagram(folder: Path, evaluation: Dict[str, Any], method: Optional[str] = None) -> Optional[str]:
-    """Draw the before/after reliability diagrams of ``evaluation`` into ``folder``; None if matplotlib is missing.
+    """Draw the before/after reliability diagrams of ``evaluation`` into ``folder``; None if matplotlib is missing or
+    the evaluation has no bins (results pushed from ``evaluate``'s evaluator).
 
     ``evaluation``: a :meth:`CalibratedModel.evaluate` result or a record's ``evaluation`` entry; the
     title names ``method`` (the fitted method's title), what it was computed on, and whether in-sample.
@@ -377,8 +383,10 @@ def write_diagram(folder: Path, evaluation: Dict[str, Any], method: Optional[str
         from .plotting import compare_reliability_diagrams
     except ImportError:
         return None
-    reliability = evaluation["reliability"]
+    reliability = evaluation.get("reliability") or {}
     panels = {side: reliability[side] for side in DIAGRAM_SIDES if side in reliability}
+    if not panels:
+        return None
     try:
         compare_reliability_diagrams(panels, path=folder / DIAGRAM_FILE, title=diagram_title(evaluation, method))
     except ImportError:
@@ -396,11 +404,13 @@ def diagram_title(evaluation: Dict[str, Any], method: Optional[str] = None) -> s
 
 def card_metrics(evaluation: Dict[str, Any], keys: Sequence[str] = tuple(info.key for info in CARD_METRICS)) -> Dict[str, Any]:
     """What the record keeps of an evaluation's numbers (JSON-able): per side the card's metrics, the number of samples
-    and every interval; and the paired differences, verdicts and bootstrap settings when there are any."""
+    (when known: an evaluator's metric may not give it) and every interval; and the paired differences, verdicts and
+    bootstrap settings when there are any."""
     kept: Dict[str, Any] = {}
     for side in ("uncalibrated", "calibrated"):
         metrics = evaluation[side]
-        kept[side] = {key: float(metrics[key]) for key in keys if key in metrics} | {"num_samples": int(metrics["num_samples"])}
+        counted = {"num_samples": int(metrics["num_samples"])} if "num_samples" in metrics else {}
+        kept[side] = {key: float(metrics[key]) for key in keys if key in metrics} | counted
         intervals = {key: dict(value) for key, value in (metrics.get("intervals") or {}).items()}
         if intervals:
             kept[side]["intervals"] = intervals

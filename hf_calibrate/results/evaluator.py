@@ -375,7 +375,7 @@ def metric_values(results: Mapping[str, Any]) -> Dict[str, float]:
 
 def as_evaluation(
     uncalibrated: Mapping[str, Any], calibrated: Mapping[str, Any], *, dataset: str, split: Optional[str] = None,
-    dataset_id: Optional[str] = None, in_sample: bool = False,
+    dataset_id: Optional[str] = None, in_sample: bool = False, n_bins: int = 15,
 ) -> Dict[str, Any]:
     """The results of the base's and the calibrated model's pipelines as the evaluation that
     :meth:`CalibratedModel.push_evaluation_results` (and ``cards.eval_results``) take.
@@ -385,10 +385,13 @@ def as_evaluation(
         dataset: the data's display name (the model-index ``dataset.name``); ``dataset_id``: its hub id
             (``dataset.type``, default ``dataset``); ``split``: its split.
         in_sample: the data are data the calibration was fitted on (the card then says the numbers are optimistic).
+        n_bins: the bins of the binned metrics (the metrics' default: 15), as the card says.
 
     Returns:
         ``{"uncalibrated": {metric: value}, "calibrated": {metric: value}, "dataset", "split", "dataset_id",
-        "in_sample"}``: points only (the model-index holds values, not intervals).
+        "in_sample", "n_bins"}``: points only (the model-index holds values, not intervals). It does not say which
+        model computed them: ``calibrated.push_evaluation_results(repo_id, evaluation)`` takes them as the results of
+        ``calibrated`` (the model of the calibrated pipeline), and pushes them only into a card of that model.
     """
     sides = dict(zip(SIDES, (metric_values(uncalibrated), metric_values(calibrated))))
     card_keys = [key for key, _ in reporting.METRICS]
@@ -398,7 +401,8 @@ def as_evaluation(
                 f"the {side} results {sorted(values)} hold none of the model card's metrics {card_keys}: compute them with "
                 f"{METRIC_HINT}."
             )
-    return {**sides, "dataset": dataset, "split": split, "dataset_id": dataset_id, "in_sample": bool(in_sample)}
+    return {**sides, "dataset": dataset, "split": split, "dataset_id": dataset_id, "in_sample": bool(in_sample),
+            "n_bins": n_bins}
 
 
 _auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

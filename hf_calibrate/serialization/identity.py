@@ -1,4 +1,5 @@
-"""Who the base model is: the fingerprint of its weights and its hub reference (repo id and commit)."""
+"""Who a calibrated model is: the bytes its calibration saves to, the fingerprint of its base's weights and the base's
+hub reference (repo id and commit)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import os
 from typing import Any, Dict, Optional
 
 import torch
+from safetensors.torch import save
 from torch import nn
+
+
+def calibration_bytes(calibrator: nn.Module) -> bytes:
+    """The calibrator's tensors as the bytes of ``calibration.safetensors``. One metadata key only: safetensors writes
+    several in a random order, and the same calibration must give the same bytes (and SHA-256) every time."""
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in calibrator.state_dict().items()}
+    return save(tensors, metadata={"format": "pt"})
 
 
 def weights_fingerprint(model: nn.Module) -> str:

@@ -30,7 +30,8 @@ from .saving import save_artifact
 from .schema import FORMAT_VERSION, RESAVE, ArtifactError
 
 #: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.results.reporting`)
-EVALUATION_NAMES = ("dataset", "split", "n_bins", "in_sample", "in_sample_rows", "calibration_dataset", "calibration_split")
+EVALUATION_NAMES = ("dataset", "dataset_id", "split", "n_bins", "in_sample", "in_sample_rows", "calibration_dataset",
+                    "calibration_split")
 #: provenance keys the record keeps elsewhere than in its ``fit``
 _NOT_IN_FIT = ("options", "base_fingerprint", "input_contract")
 
@@ -97,13 +98,13 @@ def calibration_record(
 
 def evaluation_record(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """The record's part of ``CalibratedModel.evaluate``'s result: what it names, the card's metrics with their
-    intervals, the paired differences and verdicts, the bins."""
+    intervals, the paired differences and verdicts, the bins (none for results of ``evaluate``'s evaluator)."""
     from ..results import cards  # huggingface_hub's card classes: imported when a record is written
 
     if not evaluation:
         return None
     named = {key: evaluation[key] for key in EVALUATION_NAMES if key in evaluation}
-    return {**named, **cards.card_metrics(evaluation), "reliability": dict(evaluation["reliability"])}
+    return {**named, **cards.card_metrics(evaluation), "reliability": dict(evaluation.get("reliability") or {})}
 
 
 def evaluation_from_record(record: Dict[str, Any], root: Optional[Path] = None) -> Optional[Dict[str, Any]]:

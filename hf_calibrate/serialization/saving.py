@@ -15,11 +15,11 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from safetensors.torch import save_file
 from torch import nn
 
 from .._atomic import fsync_path
 from ..calibrators import Calibrator
+from .identity import calibration_bytes
 from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, DIAGRAM_FILE, STAGING_PREFIX
 from .loading import check_tensor_values
 from .locks import folder_lock
@@ -46,10 +46,8 @@ def _step(name: str) -> None:
 
 
 def save_calibrator(calibrator: Calibrator, path: Path) -> None:
-    """The calibrator's tensors as safetensors. One metadata key only: safetensors writes several in a
-    random order, and the same calibration must give the same bytes (and SHA-256) every time."""
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in calibrator.state_dict().items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    """The calibrator's tensors as safetensors (:func:`.identity.calibration_bytes`)."""
+    path.write_bytes(calibration_bytes(calibrator))
 
 
 def write_json(path: Path, payload: Dict[str, Any]) -> None:

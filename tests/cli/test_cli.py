@@ -170,7 +170,8 @@ def test_push_results_into_a_local_folder_rewrites_its_card_in_place(fitted, dig
     assert_ok(result)
     assert {entry.dataset_split for entry in ModelCard.load(folder / "README.md").data.eval_results} == {"calibration"}
     after = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
-    assert set(after) == set(before) and {name for name in after if after[name] != before[name]} == {"README.md"}
+    assert set(after) == set(before) and {name for name in after if after[name] != before[name]} == {
+        "README.md", "reliability_diagram.png", "calibration_config.json"}
 
 
 @pytest.mark.parametrize("target, words", [
