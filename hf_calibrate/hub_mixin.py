@@ -35,10 +35,11 @@ class CalibratedHubMixin:
         base_revision: Optional[str] = None, preprocessor: Any = None, overwrite_card: bool = False,
         repo_id: Optional[str] = None, is_main_process: bool = True, **transformers_kwargs: Any,
     ) -> Optional[Path]:
-        """Save the artifact (docs/artifact.md) into ``save_directory``, crash-atomically.
+        """Save the artifact (docs/artifact.md) into ``save_directory``, crash-safely.
 
-        Replaces only the files of the previous artifact there (its manifest); a user's other files, folders
-        and links are kept (overwriting one is a ``FileExistsError``).
+        Replaces or deletes only files an earlier save provably wrote (their SHA-256 in the folder's sealed record);
+        a user's other files, folders and links are kept, nothing is written through a link, and replacing a file
+        that is not provably the library's is a ``FileExistsError`` naming it.
 
         Args:
             include_base: save the base model's own files (default). With False the repo is reference-only: it

@@ -6,7 +6,7 @@ The layout, the record, the checks and the save protocol are described in ``docs
 calibrator's tensors against the names, shapes, dtypes, ranges and digest the record implies, then
 δ, the labels and the weights fingerprint against the base. Every failure is an
 :class:`ArtifactError` naming the file, the key and the fix. **Saving replaces only this library's
-files, crash-atomically** (:mod:`.saving`): the record lists every file the artifact wrote, and a
+files, crash-safely** (:mod:`.saving`): the record lists every file the artifact wrote, and a
 save stages the new artifact inside the folder, renames it into place (the record last) and replaces or deletes
 only files whose SHA-256 a sealed record of the folder lists. **Loading writes nothing**: a folder a killed save
 left torn is recognised by its manifest and digests and refused until the next save.
