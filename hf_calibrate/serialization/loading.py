@@ -8,6 +8,8 @@ import inspect
 import json
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -20,9 +22,9 @@ from ..backbones import Backbone
 from ..backbones.loading import IMAGE_TASK, TEXT_TASK, auto_classes, load_timm_folder
 from ..calibrators import Calibrator, calibrator_class
 from ..backbones.base import model_label_names
-from .files import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE, STAGING_PREFIX
+from .files import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE
 from .identity import weights_fingerprint
-from .ownership import file_sha256
+from .ownership import file_sha256, staging_folders
 from .stated_values import check_stated_values
 from .._warnings import warn_user
 from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, UnverifiedArtifactWarning, _fail, path_problem, validate_record
@@ -83,12 +85,14 @@ def check_complete(root: Path, record: Dict[str, Any]) -> None:
     """Refuse a folder whose files are not those its record lists: a file of the manifest missing, or one whose
     SHA-256 differs from ``files.sha256`` (a save killed while installing its files, a download cut short, files
     edited or mixed from two saves). Reads only: nothing is changed; the next save into the folder replaces them.
-    The card (``README.md``), which users edit, has no digest.
+    The card (``README.md``), which users edit, is checked only while a save's staging folder shows a save was
+    interrupted (the card is installed just before the record, so a card newer than the record means a torn folder).
     """
     files = record.get("files") or {}
     digests, problems = files.get("sha256") or {}, []
+    interrupted = any(True for _ in staging_folders(root))
     for name in files.get("manifest") or []:
-        if name in (CALIBRATION_CONFIG, CARD_FILE):
+        if name == CALIBRATION_CONFIG or (name == CARD_FILE and not interrupted):
             continue
         path = safe_join(root, name, what="manifest file")
         if not path.is_file():
@@ -96,7 +100,6 @@ def check_complete(root: Path, record: Dict[str, Any]) -> None:
         elif name in digests and file_sha256(path) != digests[name]:
             problems.append(f"{path} is not the file that was saved (its SHA-256 is not the one 'files.sha256' records)")
     if problems:
-        interrupted = any(entry.name.startswith(STAGING_PREFIX) for entry in os.scandir(root))
         why = "a save into it was interrupted" if interrupted else (
             "an interrupted save or download, a corrupt or truncated file, or files edited or mixed from two saves")
         raise ArtifactError(
@@ -397,19 +400,27 @@ def load_preprocessor(root: Path, record: Optional[Dict[str, Any]] = None) -> An
 
     With the calibration ``record``, it is made to preprocess as the calibration was fitted
     (``input_contract``: the calibrated image size, the tokenizer's ``max_length``), whatever
-    the saved file says — e.g. a processor saved by an older hf_calibrate. Only files the record's manifest lists
-    are read (a tokenizer left beside an image model is not its preprocessor).
+    the saved file says — e.g. a processor saved by an older hf_calibrate. Only the root files the record's manifest
+    lists are read: transformers reads whatever tokenizer or processor files a folder holds (a stray
+    ``special_tokens_map.json`` re-maps the tokens), so they are read from a temporary folder of copies of the
+    manifest's files, never from the folder itself.
     """
     from ..backbones.preprocessing import contract_preprocessor
 
     manifest = ((record or {}).get("files") or {}).get("manifest")
+    if manifest is None:  # a format-1 record lists nothing: its folder as it is
+        return contract_preprocessor(_preprocessor_in(root), (record or {}).get("input_contract"))
+    with tempfile.TemporaryDirectory(prefix="hf_calibrate_preprocessor_") as copies:
+        for name in manifest:
+            if "/" not in name and not name.endswith(".safetensors") and name not in (CALIBRATION_CONFIG, CARD_FILE):
+                shutil.copyfile(safe_join(root, name, what="manifest file"), Path(copies) / name)
+        return contract_preprocessor(_preprocessor_in(Path(copies)), record.get("input_contract"))
 
-    def saved(name: str) -> bool:  # a file of the artifact's own, not a user's file of that name beside it
-        return (root / name).is_file() and (manifest is None or name in manifest)
 
-    preprocessor = None
-    if saved("tokenizer_config.json"):
-        preprocessor = auto_classes(TEXT_TASK)[1].from_pretrained(str(root))
-    elif saved("preprocessor_config.json"):
-        preprocessor = auto_classes(IMAGE_TASK)[1].from_pretrained(str(root))
-    return contract_preprocessor(preprocessor, (record or {}).get("input_contract"))
+def _preprocessor_in(folder: Path) -> Any:
+    """The tokenizer or image processor saved in ``folder``, or None."""
+    if (folder / "tokenizer_config.json").is_file():
+        return auto_classes(TEXT_TASK)[1].from_pretrained(str(folder))
+    if (folder / "preprocessor_config.json").is_file():
+        return auto_classes(IMAGE_TASK)[1].from_pretrained(str(folder))
+    return None

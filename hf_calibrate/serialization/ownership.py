@@ -6,22 +6,30 @@ sealed record is one whose ``record_sha256`` matches it: the folder's own ``cali
 record of a save that was killed while installing (its staging folder is kept until the next save, for exactly
 this). A file the user edited since, a link, or a file no record lists is not provably the library's, whatever its
 name, so a save refuses to replace it and never deletes it. The card is the exception: a ``README.md`` is the
-library's when it carries the generated card's marker (users edit cards on the hub, so it has no digest).
+library's when it carries the generated card's marker (users edit cards on the hub, so its digest is checked only
+while a save is interrupted). A save deletes an earlier save's stale file only where it writes files at all
+(:func:`deletable`).
 See docs/artifact.md.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 from .._output_files import file_sha256
-from .files import CALIBRATION_CONFIG, CARD_FILE, CARD_MARKER, STAGING_PREFIX
+from .files import (
+    BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, CARD_MARKER, DIAGRAM_FILE, STAGING_MARKER, STAGING_PREFIX,
+)
 from .schema import MAX_RECORD_BYTES, RECORD_DIGEST_KEY, _path_list, record_digest
 
-__all__ = ["Proofs", "file_sha256", "folder_proofs", "in_the_way", "is_proven", "manifest_files", "sealed_digests"]
+__all__ = [
+    "Proofs", "deletable", "file_sha256", "folder_proofs", "in_the_way", "is_proven", "manifest_files", "sealed_digests",
+    "staging_folders",
+]
 
 #: relative path -> the SHA-256 digests sealed records of the folder list for it
 Proofs = Dict[str, Set[str]]
@@ -55,10 +63,14 @@ def sealed_digests(record: Any) -> Dict[str, str]:
 
 
 def staging_folders(root: Path) -> Iterator[Path]:
-    """The staging folders of earlier saves inside ``root``: real folders of the reserved name, never links."""
+    """The staging folders of earlier saves inside ``root``: real folders (never links) of the reserved name whose
+    marker, the first file a save writes into one, holds that name (so a folder a user named alike is not one)."""
     for entry in os.scandir(root):
         if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
-            yield Path(entry.path)
+            marker = Path(entry.path) / STAGING_MARKER
+            if not marker.is_symlink() and marker.is_file() and marker.stat().st_size < 256 and marker.read_text(
+                    encoding="utf-8", errors="replace") == entry.name:
+                yield Path(entry.path)
 
 
 def folder_proofs(root: Path) -> Proofs:
@@ -89,15 +101,36 @@ def is_generated_card(path: Path) -> bool:
 
 
 def is_proven(root: Path, relative: str, proofs: Proofs) -> bool:
-    """Whether ``root / relative`` is a file a save of this library provably wrote (see the module docstring)."""
+    """Whether ``root / relative`` is a file a save of this library provably wrote (see the module docstring); never
+    an empty file (no save writes one, and anyone can state an empty file's digest)."""
     path = root / relative
-    if linked_parent(root, relative) is not None or path.is_symlink() or not path.is_file():
+    if linked_parent(root, relative) is not None or path.is_symlink() or not path.is_file() or path.stat().st_size == 0:
         return False
     if relative == CARD_FILE:
         return is_generated_card(path)
     if relative == CALIBRATION_CONFIG:
         return sealed_manifest(read_json_record(path)) is not None
     return file_sha256(path) in proofs.get(relative, set())
+
+
+#: the files a save writes at the folder's root: the library's own (files.py, timm's weights) and a preprocessor's
+#: (transformers' tokenizer and processor files)
+ROOT_NAMES = (CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, "config.json", CARD_FILE, DIAGRAM_FILE, "model.safetensors")
+PREPROCESSOR_PATTERNS = ("*tokenizer*", "vocab*", "merges.txt", "*.model", "special_tokens_map.json", "added_tokens.json",
+                         "*preprocessor_config.json", "processor_config.json", "chat_template.*", "*.tiktoken")
+
+
+def deletable(relative: str) -> bool:
+    """Whether a save may delete ``relative`` as a stale file of an earlier save (once proven): a name a save writes
+    at the root, or a file under ``base/``; never a dot name (``.git/...``) or a file of another folder. A hostile
+    record can state the digest of a file whose content anyone can guess (``.git/HEAD``); this keeps such files out
+    of reach whatever the record says."""
+    parts = PurePosixPath(relative).parts
+    if any(part.startswith(".") for part in parts):
+        return False
+    if len(parts) == 1:
+        return parts[0] in ROOT_NAMES or any(fnmatch.fnmatchcase(parts[0], pattern) for pattern in PREPROCESSOR_PATTERNS)
+    return parts[0] == BASE_FOLDER
 
 
 def in_the_way(root: Path, relative: str, proofs: Proofs) -> Optional[Path]:

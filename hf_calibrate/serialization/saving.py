@@ -20,12 +20,12 @@ from torch import nn
 from .._atomic import fsync_path
 from ..calibrators import Calibrator
 from .identity import calibration_bytes
-from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, DIAGRAM_FILE, STAGING_PREFIX
+from .files import BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, DIAGRAM_FILE, STAGING_MARKER, STAGING_PREFIX
 from .loading import check_tensor_values
 from .locks import folder_lock
 from .ownership import (
-    Proofs, file_sha256, folder_proofs, in_the_way, is_generated_card, is_proven, linked_parent, read_json_record,
-    sealed_digests, sealed_manifest, staging_folders,
+    Proofs, deletable, file_sha256, folder_proofs, in_the_way, is_generated_card, is_proven, linked_parent,
+    read_json_record, sealed_digests, sealed_manifest, staging_folders,
 )
 from .schema import RECORD_DIGEST_KEY, ArtifactError, _json_default, seal_record, validate_record
 
@@ -67,27 +67,47 @@ def list_files(folder: Path) -> List[str]:
 # ----------------------------------------------------------------------------- what may be replaced
 
 
-def check_save_target(target: Path, names: Iterable[str] = EVERY_SAVE_WRITES) -> None:
+def check_save_target(target: Path, names: Iterable[str] = EVERY_SAVE_WRITES, *, replace_card: bool = False) -> None:
     """Refuse, before any work, a folder a save could not write: a file in place of the folder, or one of ``names``
     in it that is a link, sits behind a linked folder, or is not provably the library's (``FileExistsError`` naming
-    them and the fix). A missing folder is fine: the save creates it."""
+    them and the fix); with ``replace_card``, also a ``README.md`` that is not a plain file. A missing folder is fine:
+    the save creates it."""
     target = Path(os.path.abspath(target))
     if os.path.lexists(target) and not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a folder; save the calibration to a folder path.")
     if target.is_dir():
-        _refuse_blockers(target, list(names), folder_proofs(target), replace_card=False)
+        names = [*names, *([CARD_FILE] if replace_card else [])]
+        _refuse_blockers(target, names, folder_proofs(target), replace_card=replace_card)
 
 
 def _refuse_blockers(root: Path, names: List[str], proofs: Proofs, *, replace_card: bool) -> None:
-    exempt = {CARD_FILE} if replace_card and not (root / CARD_FILE).is_symlink() else set()
+    card = root / CARD_FILE
+    plain_card = not os.path.lexists(card) or (card.is_file() and not card.is_symlink())
+    exempt = {CARD_FILE} if replace_card and plain_card else set()
     blocked = sorted({str(path) for path in (in_the_way(root, name, proofs) for name in names if name not in exempt) if path})
     if blocked:
+        unsealed = str(root / CALIBRATION_CONFIG) in blocked and not (root / CALIBRATION_CONFIG).is_symlink()
         raise FileExistsError(
             f"{', '.join(blocked[:5])}{' and others' if len(blocked) > 5 else ''}: hf_calibrate cannot prove it wrote "
-            f"{'this' if len(blocked) == 1 else 'these'} (a link, a file of yours, or a file changed since hf_calibrate "
-            f"saved it: its SHA-256 is not the one the folder's {CALIBRATION_CONFIG} records), and saving would replace "
-            "it. Move it elsewhere, or save to another folder."
+            f"{'this' if len(blocked) == 1 else 'these'} (a link, a folder, a file of yours, or a file changed since "
+            f"hf_calibrate saved it: its SHA-256 is not the one the folder's {CALIBRATION_CONFIG} records), and saving "
+            "would replace it. Move it elsewhere, or save to another folder." + (
+                f" The folder's {CALIBRATION_CONFIG} carries no valid seal (written before digests, or edited by hand), "
+                "so nothing proves which files are the library's: if you trust it, load it with "
+                "from_pretrained(..., allow_unverified=True) and save it into a new folder." if unsealed else "")
         )
+
+
+def _refuse_unwritable(root: Path, names: List[str]) -> None:
+    """Refuse, before anything is changed, a save whose files' folders cannot be written (read-only folders or file
+    systems): a failure part-way through installing would leave the folder torn."""
+    for name in names:
+        folder = (root / name).parent
+        while not folder.exists() and folder != root:
+            folder = folder.parent
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(f"{folder} is not writable, so the save cannot replace {name} there; nothing was changed. "
+                                  "Make it writable, or save to another folder.")
 
 
 def _users_card(card: Path) -> bool:
@@ -105,7 +125,7 @@ def save_artifact(
 ) -> Path:
     """Write the artifact into ``target`` (see docs/artifact.md); return ``target``."""
     target = Path(os.path.abspath(target))
-    check_save_target(target, EVERY_SAVE_WRITES if reliability else EVERY_SAVE_WRITES[:-1])
+    check_save_target(target, EVERY_SAVE_WRITES if reliability else EVERY_SAVE_WRITES[:-1], replace_card=overwrite_card)
     check_tensor_values(f"the calibration to save ({CALIBRATION_WEIGHTS})", calibrator.state_dict())
     created = not os.path.lexists(target)
     target.mkdir(parents=True, exist_ok=True)
@@ -116,7 +136,7 @@ def save_artifact(
             _write_files(staging, record, config_json, base_model, calibrator, preprocessor, reliability, repo_id)
             if not overwrite_card and _users_card(target / CARD_FILE):
                 (staging / CARD_FILE).unlink(missing_ok=True)  # the user's own README.md stays
-            plan = _plan(target, staging, record, manifest=list_files(staging) + [CALIBRATION_CONFIG], replace_card=overwrite_card)
+            plan = _plan(target, staging, record, manifest=_staged(staging) + [CALIBRATION_CONFIG], replace_card=overwrite_card)
         except BaseException:
             _discard(staging, target if created else None)
             raise
@@ -187,12 +207,19 @@ class _Plan:
 
 
 def _new_staging(root: Path) -> Path:
-    """A fresh staging folder inside ``root`` (same file system: ``os.replace`` stays atomic; umask mode)."""
+    """A fresh staging folder inside ``root`` (same file system: ``os.replace`` stays atomic; umask mode), marked
+    as a save's by its first file (:func:`.ownership.staging_folders`)."""
     while True:
         staging = root / f"{STAGING_PREFIX}{secrets.token_hex(6)}"
         with contextlib.suppress(FileExistsError):
             staging.mkdir()
+            (staging / STAGING_MARKER).write_text(staging.name, encoding="utf-8")
             return staging
+
+
+def _staged(staging: Path) -> List[str]:
+    """The files staged for installing (the staging folder's marker is not one)."""
+    return [name for name in list_files(staging) if name != STAGING_MARKER]
 
 
 def _discard(staging: Path, created: Optional[Path]) -> None:
@@ -207,15 +234,21 @@ def _plan(
     root: Path, staging: Path, record: Dict[str, Any], *, manifest: List[str], digests: Optional[Dict[str, str]] = None,
     replace_card: bool = False,
 ) -> _Plan:
-    """Check that nothing in the way is the user's, seal the record (manifest and every file's SHA-256 but the
-    card's) into the staging folder, flush the staged files, and list the stale files the save will delete."""
+    """Check that nothing in the way is the user's and every folder written is writable, list the stale files the
+    save will delete, seal the record (manifest and every file's SHA-256) into the staging folder, and flush."""
     leftovers = [folder for folder in staging_folders(root) if folder != staging]
     proofs = folder_proofs(root)
-    written = [name for name in list_files(staging) if name != CALIBRATION_CONFIG] + [CALIBRATION_CONFIG]
+    names = _staged(staging)
+    # the card and the record last: a kill before the record's rename leaves a card that does not match it (torn)
+    written = [name for name in names if name not in (CARD_FILE, CALIBRATION_CONFIG)] + \
+        [name for name in (CARD_FILE,) if name in names] + [CALIBRATION_CONFIG]
     _refuse_blockers(root, written, proofs, replace_card=replace_card)
+    stale = sorted(name for name in set(proofs) - set(manifest) - {CARD_FILE, CALIBRATION_CONFIG}
+                   if deletable(name) and is_proven(root, name, proofs))
+    _refuse_unwritable(root, written + stale)
     files = record["files"]
     files["manifest"] = sorted(manifest)
-    staged = {name: file_sha256(staging / name) for name in written if name not in (CARD_FILE, CALIBRATION_CONFIG)}
+    staged = {name: file_sha256(staging / name) for name in written if name != CALIBRATION_CONFIG}
     files["sha256"] = {**(digests or {}), **staged}
     sealed = seal_record(record)
     validate_record(sealed, staging / CALIBRATION_CONFIG)  # never write a record that would not load
@@ -223,7 +256,6 @@ def _plan(
     _step(f"staged {CALIBRATION_CONFIG}")
     for name in written:
         fsync_path(staging / name)
-    stale = sorted(name for name in set(proofs) - set(manifest) if is_proven(root, name, proofs))
     return _Plan(written, stale, proofs, leftovers)
 
 
@@ -248,7 +280,7 @@ def _install(root: Path, staging: Path, plan: _Plan) -> None:
         raise
     fsync_path(root)
     for folder in [staging, *plan.leftovers]:
-        shutil.rmtree(folder, ignore_errors=True)  # reserved names, real folders: see ownership.staging_folders
+        shutil.rmtree(folder, ignore_errors=True)  # marked, real folders of the reserved name: ownership.staging_folders
     _step("staging removed")
 
 
@@ -308,7 +340,7 @@ def _give_new_file_mode(staging: Path) -> None:
     """Give every staged file the mode the umask gives a new file (safetensors writes its files 0600): the staging
     folder was made with ``mkdir``'s umask mode, whose read and write bits are a new file's."""
     mode = stat.S_IMODE(staging.stat().st_mode) & 0o666
-    for relative in list_files(staging):
+    for relative in _staged(staging):
         path = staging / relative
         if not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
             os.chmod(path, mode)

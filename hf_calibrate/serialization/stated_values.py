@@ -5,7 +5,7 @@ record whose ``fit.summary`` says T = 0.1356 over tensors holding T = 0.0183 is 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict
 
 import torch
 
@@ -42,8 +42,7 @@ STATED_VALUES: Dict[str, Dict[str, Callable[[Tensors], float]]] = {
     "vtst": _HEAD,
     "mac_cal": _HEAD,
     "structured_vector": {"temperature": _structured_temperature, "epsilon": _epsilon},
-    "neural_clamping": {"selected.temperature": _temperature, "selected.delta_norm": _delta_norm,
-                        "temperature_scaling.fallback_temperature": _temperature},
+    "neural_clamping": {"selected.temperature": _temperature, "selected.delta_norm": _delta_norm},
 }
 
 
@@ -54,29 +53,45 @@ def _stated(summary: Dict[str, Any], path: str) -> Any:
     return value
 
 
-def _claims(method: str, summary: Dict[str, Any]) -> List[Tuple[str, float, Callable[[Tensors], float]]]:
-    """The numeric values ``summary`` states that the tensors determine (a fallback of Neural Clamping states its
-    temperature scaling's T and δ = 0; otherwise its selected state's T and ‖δ‖₂)."""
+def _rules(method: str, summary: Dict[str, Any]) -> Dict[str, Callable[[Tensors], float]]:
+    """{key path in fit.summary: what the tensors give it} for ``method``; a Neural Clamping fallback states its
+    temperature scaling's T (``fallback_temperature``, else ``temperature``, as the card reads it) and ‖δ‖₂ = 0."""
     rules = dict(STATED_VALUES.get(method, {}))
-    if method == "neural_clamping":
-        fell_back = bool(summary.get("fell_back_to_temperature_scaling"))
-        rules = {path: value for path, value in rules.items() if path.startswith("temperature_scaling.") == fell_back}
-        if fell_back:
-            rules["fell_back_to_temperature_scaling"] = _delta_norm  # states δ = 0
-    claims = []
-    for path, actual in rules.items():
-        stated = 0.0 if path == "fell_back_to_temperature_scaling" else _stated(summary, path)
-        if isinstance(stated, (int, float)) and not isinstance(stated, bool) and math.isfinite(stated):
-            claims.append((path, float(stated), actual))
-    return claims
+    if method != "neural_clamping":
+        return rules
+    if not summary.get("fell_back_to_temperature_scaling"):
+        return {path: value for path, value in rules.items() if path.startswith("selected.")}
+    scaling = summary.get("temperature_scaling") if isinstance(summary.get("temperature_scaling"), dict) else {}
+    key = "fallback_temperature" if "fallback_temperature" in scaling else "temperature"
+    return {f"temperature_scaling.{key}": _temperature, "fell_back_to_temperature_scaling": _delta_norm}
+
+
+def _number(file: Any, path: str, value: Any) -> float:
+    """A stated value as a float; anything but a finite number is refused (a record states numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(file, f"key 'fit.summary.{path}'", f"is {value!r}, not a finite number")
+    return float(value)
 
 
 def check_stated_values(file: Any, record: Dict[str, Any], tensors: Tensors) -> None:
     """Refuse a record whose ``fit.summary`` states a T, ‖δ‖₂ or ε that its tensors do not hold (an edited and
-    re-sealed record, or tensors from another fit)."""
+    re-sealed record, or tensors from another fit), or states one that is not a finite number."""
     summary = (record.get("fit") or {}).get("summary") or {}
-    for path, stated, actual in _claims(record["method"], summary):
-        value = actual(tensors)
+    flag = summary.get("fell_back_to_temperature_scaling")
+    if flag is not None and not isinstance(flag, bool):
+        _fail(file, "key 'fit.summary.fell_back_to_temperature_scaling'", f"is {flag!r}, not true or false")
+    for path, actual in _rules(record["method"], summary).items():
+        if path == "fell_back_to_temperature_scaling":
+            norm = actual(tensors)
+            if norm > 1e-6:
+                _fail(file, "key 'fit.summary.fell_back_to_temperature_scaling'", f"states that the fit fell back to "
+                      f"temperature scaling (δ = 0), but the calibration's δ has ‖δ‖₂ = {norm:.6g}: the record and the "
+                      "tensors come from different fits, or the record was edited")
+            continue
+        stated = _stated(summary, path)
+        if stated is None:
+            continue
+        stated, value = _number(file, path, stated), actual(tensors)
         if not math.isclose(value, stated, rel_tol=TOLERANCE, abs_tol=1e-6):
             _fail(file, f"key 'fit.summary.{path}'", f"states {stated:.6g}, but the calibration's tensors hold {value:.6g}: "
                   "the record and the tensors come from different fits, or the record was edited")

@@ -149,9 +149,14 @@ def test_a_failure_while_installing_leaves_a_torn_folder_that_the_next_save_comp
     after = {name: digest for name, digest in tm.file_hashes(target).items() if name != "notes.txt"}
     reference = tm.file_hashes(reference_folder)
     differing = sorted(name for name in after.keys() | reference.keys() if after.get(name) != reference.get(name))
-    assert differing == ["README.md"]  # the card's usage snippet loads the folder it is in: otherwise the same
+    # the card's usage snippet loads the folder it is in, and the record holds the card's digest: otherwise the same
+    assert differing == ["README.md", "calibration_config.json"]
     card = (target / "README.md").read_text().replace(str(target), str(reference_folder))
     assert card == (reference_folder / "README.md").read_text()
+    records = [json.loads((folder / "calibration_config.json").read_text()) for folder in (target, reference_folder)]
+    for record in records:
+        record.pop("record_sha256"), record["files"]["sha256"].pop("README.md")
+    assert records[0] == records[1]
 
 
 def test_a_changed_file_of_the_artifact_is_not_replaced(models, target):
@@ -290,3 +295,22 @@ def test_atomic_folder_keeps_a_concurrent_winner_and_leaves_no_debris(tmp_path):
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def test_an_unwritable_folder_is_refused_before_anything_changes(models, target, monkeypatch):
+    """``base/`` cannot be written (a read-only folder or file system): the save is refused before it deletes or
+    replaces anything, instead of failing part-way and leaving the folder torn."""
+    before, access = tm.file_hashes(target), os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path).name != "base" and access(path, mode))
+    with pytest.raises(PermissionError, match="base is not writable.*nothing was changed"):
+        models["second"].save_pretrained(target)
+    assert tm.file_hashes(target) == before and _leftovers(target.parent, target.name) == []
+
+
+def test_an_unsealed_record_is_named_with_the_way_out(models, target):
+    """A record edited by hand (its seal no longer matches): the refusal says so and how to go on."""
+    record = json.loads((target / serialization.CALIBRATION_CONFIG).read_text())
+    record["fit"]["note"] = "edited by hand"
+    (target / serialization.CALIBRATION_CONFIG).write_text(json.dumps(record))
+    with pytest.raises(FileExistsError, match="carries no valid seal.*allow_unverified=True.*new folder"):
+        models["second"].save_pretrained(target)

@@ -25,6 +25,7 @@ from test_reliability_artifacts import (
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.serialization import ArtifactError
+from hf_calibrate.serialization.files import STAGING_MARKER
 
 JOURNAL = ".hf_calibrate-journal.json"  # the name an earlier version replayed at load
 PRECIOUS = b"the user's own file, outside the model folder"
@@ -157,10 +158,11 @@ def base_folder_is_a_link(bed: Bed) -> Tuple[str, str]:
 
 
 def staging_folder_holds_a_link_out(bed: Bed) -> Tuple[str, str]:
-    """A dead save's staging folder (a real folder) holding a link to the user's folder: removing it keeps the
+    """A dead save's staging folder (a real, marked folder) holding a link to the user's folder: removing it keeps the
     link's target."""
     folder, outside = _prepare(bed, "staging-inner-link")
     (folder / f"{STAGING}dead").mkdir()
+    (folder / f"{STAGING}dead" / STAGING_MARKER).write_text(f"{STAGING}dead")
     os.symlink(outside, folder / f"{STAGING}dead" / "out")
     return _save_keeps_outside(bed, folder, outside)
 
@@ -180,6 +182,61 @@ def torn_folder_is_refused_unchanged(bed: Bed) -> Tuple[str, str]:
     return SILENT, "a torn folder loaded"
 
 
+def sealed_record_claims_guessable_files(bed: Bed) -> Tuple[str, str]:
+    """A sealed record listing files whose content anyone can guess, with their true digests: a git repository's
+    ``.git/HEAD`` and an empty ``pkg/__init__.py``. A save deletes stale files only where it writes files, and never an
+    empty one, so both stay (someone cloned a hub repo and saves into it)."""
+    folder, outside = _prepare(bed, "claim-guessable")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "pkg").mkdir()
+    (folder / "pkg" / "__init__.py").write_text("")
+    for name in (".git/HEAD", "pkg/__init__.py"):
+        _claim(folder, name, hashlib.sha256((folder / name).read_bytes()).hexdigest())
+    result = _save_keeps_outside(bed, folder, outside)
+    if result[0] == HANDLED and not ((folder / ".git" / "HEAD").is_file() and (folder / "pkg" / "__init__.py").is_file()):
+        return LOST, "the save deleted files a hostile record claimed by their guessable digests"
+    return result
+
+
+def users_folder_named_like_a_staging_folder(bed: Bed) -> Tuple[str, str]:
+    """A user's real folder that happens to carry the staging prefix, without a save's marker: it is not removed."""
+    folder, outside = _prepare(bed, "reserved-name")
+    (folder / f"{STAGING}mine").mkdir()
+    (folder / f"{STAGING}mine" / "thesis.tex").write_text("my thesis")
+    result = _save_keeps_outside(bed, folder, outside)
+    if result[0] == HANDLED and not (folder / f"{STAGING}mine" / "thesis.tex").is_file():
+        return LOST, "the save removed a user's folder by its name alone"
+    return result
+
+
+def card_is_a_folder_and_overwrite_card(bed: Bed) -> Tuple[str, str]:
+    """``README.md`` is a folder and the save asks to overwrite the card: refused before anything is deleted (the old
+    artifact still loads), not torn part-way through."""
+    folder, outside = _prepare(bed, "card-folder", kind="bert")
+    (folder / "README.md").unlink()
+    (folder / "README.md").mkdir()
+    before = tree_state(folder)
+    try:
+        bed.model("vit").save_pretrained(folder, overwrite_card=True)
+    except FileExistsError as error:
+        unchanged = tree_state(folder) == before and bed.load(folder, "bert").method == bed.model("bert").method
+        return ((REFUSED if "README.md" in str(error) and "Move it" in str(error) else UNCLEAR) if unchanged else LOST), str(error)
+    return SILENT, "saved over a folder named README.md"
+
+
+def stray_tokenizer_file(bed: Bed) -> Tuple[str, str]:
+    """A ``special_tokens_map.json`` that is not in the manifest, beside a BERT calibration: transformers would read it
+    and re-map the tokens; the loaded tokenizer encodes as the saved one."""
+    folder, outside = _prepare(bed, "stray-tokenizer", kind="bert")
+    (folder / "special_tokens_map.json").write_text(json.dumps({"cls_token": "market", "sep_token": "the"}))
+    expected = bed.reference("bert").preprocessor("the market")["input_ids"]
+    result = _load_changes_nothing(bed, folder, outside, kind="bert")
+    if result[0] == HANDLED and bed.load(folder, "bert").preprocessor("the market")["input_ids"] != expected:
+        return SILENT, "a file outside the manifest changed the tokenizer"
+    return result
+
+
 HOSTILE_CASES: List[Case] = [
     Case("journal deletes lnk/precious.txt through a link", journal_deletes_through_a_link),
     Case("journal writes through a linked folder", journal_writes_through_a_link),
@@ -190,6 +247,10 @@ HOSTILE_CASES: List[Case] = [
     Case("base/ is a link to the user's folder", base_folder_is_a_link, REFUSED),
     Case("dead staging folder holds a link out", staging_folder_holds_a_link_out),
     Case("torn folder refused, loading changes nothing", torn_folder_is_refused_unchanged, REFUSED),
+    Case("sealed record claims .git/HEAD and an empty file by their true digests", sealed_record_claims_guessable_files),
+    Case("a user's folder named like a staging folder", users_folder_named_like_a_staging_folder),
+    Case("README.md is a folder, overwrite_card=True", card_is_a_folder_and_overwrite_card, REFUSED),
+    Case("a stray special_tokens_map.json beside a BERT calibration", stray_tokenizer_file),
 ]
 
 

@@ -369,6 +369,14 @@ LOAD_CASES: List[LoadCase] = [
              set_key("fit.summary.temperature", 0.1356)),
     LoadCase("record states a ‖δ‖₂ its tensors do not hold (re-sealed)", "vit", "'fit.summary.selected.delta_norm'",
              set_key("fit.summary.selected.delta_norm", 7.5)),
+    LoadCase("record states T as a string (re-sealed)", "vit-ts", "'fit.summary.temperature'", set_key("fit.summary.temperature", "0.5")),
+    LoadCase("record claims a fallback with another T (re-sealed)", "vit", "'fit.summary.temperature_scaling.temperature'",
+             several(set_tensor("delta", lambda delta: torch.zeros_like(delta)),
+                     set_key("fit.summary.fell_back_to_temperature_scaling", True),
+                     set_key("fit.summary.temperature_scaling", {"temperature": 3.0}))),
+    LoadCase("record claims a fallback over a non-zero δ (re-sealed)", "vit", "'fit.summary.fell_back_to_temperature_scaling'",
+             several(set_key("fit.summary.fell_back_to_temperature_scaling", True),
+                     set_key("fit.summary.temperature_scaling", {}))),
     LoadCase("max_length is negative", "bert", "'input_contract.preprocessing.max_length'",
              set_key("input_contract.preprocessing.max_length", -5)),
     LoadCase("image input_size has 1 dimension", "vit", "'input_contract.input_size'", set_key("input_contract.input_size", [16])),
@@ -554,6 +562,7 @@ def stale_temporaries_are_cleaned(bed: Bed) -> Tuple[str, str]:
     scratch = bed.scratch("stale")
     folder = bed.copy("vit-ts", scratch / "model")
     (folder / f"{STAGING}dead" / "base").mkdir(parents=True)
+    (folder / f"{STAGING}dead" / ".staged-by-hf_calibrate").write_text(f"{STAGING}dead")  # a save's marker
     (folder / f"{STAGING}dead" / CONFIG).write_text("{}")
     for name in (".model.saving-abcd1234", ".model.old-efgh_678"):
         (scratch / name).mkdir()
@@ -740,6 +749,13 @@ def tree_state(folder: Path) -> Dict[str, Any]:
     return state
 
 
+def card_matches(folder: Path, kind: str) -> bool:
+    """Whether ``folder``'s card is a card of the saved ``kind`` ("bert" or "vit": the model's task tells them apart;
+    a card also names the folder it was saved to, so the whole text cannot be compared)."""
+    task = {"bert": "text-classification", "vit": "image-classification"}[kind]
+    return f"pipeline_tag: {task}" in (folder / "README.md").read_text()
+
+
 def load_after_kill(bed: Bed, folder: Path) -> Tuple[Optional[str], str]:
     """Load a folder a killed save left: ("old" | "new", "") for a complete artifact, ("torn", message) when refused as
     torn, (None, what went wrong) otherwise, which includes a load that changed anything in the folder."""
@@ -753,6 +769,8 @@ def load_after_kill(bed: Bed, folder: Path) -> Tuple[Optional[str], str]:
         old, new = bed.reference("bert"), bed.reference("vit")
         which = "new" if same_artifact(model, new) else "old" if same_artifact(model, old) else None
         detail = "" if which else "loads as neither the old nor the new artifact"
+        if which and not card_matches(folder, "bert" if which == "old" else "vit"):
+            which, detail = None, f"loads as the {which} artifact under the other artifact's card"
     if tree_state(folder) != before:
         return None, "loading changed the folder"
     return which, detail
@@ -766,7 +784,7 @@ def check_after_kill(bed: Bed, folder: Path, before: Dict[str, Any]) -> Tuple[st
     if lost:
         return LOST, f"user files lost: {lost}"
     if which is None:
-        return (SILENT if detail.startswith("loads as neither") else UNCLEAR), detail
+        return (SILENT if detail.startswith("loads as") else UNCLEAR), detail
     bed.model("vit").save_pretrained(folder)
     if not same_artifact(CalibratedModel.from_pretrained(folder), bed.reference("vit")) or leftovers(folder):
         return SILENT, f"saving again did not give the new artifact cleanly (left: {leftovers(folder)})"
