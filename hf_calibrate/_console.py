@@ -61,6 +61,10 @@ def check_writable(path: Path, flag: str, *, folder: bool, replaceable: Optional
     except FileExistsError as error:
         raise UserError(f"{flag}: {error}") from None
     parent = path.absolute().parent
+    dangling = next((folder for folder in (parent, *parent.parents) if folder.is_symlink() and not folder.exists()), None)
+    if dangling is not None:
+        raise UserError(f"{flag} {path}: {dangling} is a symbolic link to {os.readlink(dangling)}, which does not exist; "
+                        "name another path.")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(dir=parent).cleanup()  # saving writes a sibling, then renames it

@@ -194,6 +194,13 @@ def test_evaluate_never_writes_a_diagram_through_a_link(tmp_path, capsys, result
     assert outside.read_bytes() == before
 
 
+def test_evaluate_names_a_dangling_link_on_the_diagrams_way(tmp_path, capsys):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    assert main(evaluate_args(tmp_path, tmp_path / "gone" / "d.png")) == 1
+    line = error_line(capsys)
+    assert "gone is a symbolic link to" in line and "name another path" in line
+
+
 # ----------------------------------------------------------------------------- demo --output
 
 
