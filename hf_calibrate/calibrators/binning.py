@@ -23,7 +23,7 @@ on the same data) by m = ``prior`` pseudo-samples:
 
 both clipped to [ε, 1 − ε] with ε = 1 / (2 (N + 1)), N the number of calibration samples. m = 0
 gives the classic maps (unclipped). By default m is chosen by K-fold cross-fitted NLL
-(:func:`.holdout.select_by_cross_fitting`) among ∞ and :data:`DEFAULT_PRIOR_GRID`, so no bin or
+(:func:`.holdout.select_by_cross_fitting`, rows of equal logits in one fold) among ∞ and :data:`DEFAULT_PRIOR_GRID`, so no bin or
 knot value is 0 or 1. (In top-label mode the other classes share 1 − g in proportion to their
 uncalibrated probabilities, which a confident model can make tiny: that share is not floored.)
 A histogram's values stay constant per bin, so even m = ∞ loses TS's resolution within a bin.
@@ -40,10 +40,10 @@ import torch
 
 from ..metrics.functional import equal_width_bin_index
 from .base import Calibrator, Range, check_fields, chunk_rows, ranged, require
-from .holdout import DEFAULT_FOLDS, select_by_cross_fitting, stratified_folds
+from .holdout import DEFAULT_FOLDS, content_groups, select_by_cross_fitting, stratified_folds
 from .isotonic_ovr import one_vs_rest_isotonic_knots
 from .requirements import DataRequirements
-from .temperature import fit_inverse_temperature
+from .temperature import fit_inverse_temperature, starting_temperature_warnings
 
 MODES = ("top_label", "one_vs_rest")
 _LOG_FLOOR = 1e-12
@@ -190,7 +190,7 @@ def select_prior(
     """
     if options.prior is not None:
         return options.prior, {}
-    folds = stratified_folds(labels, options.folds, options.seed)
+    folds = stratified_folds(labels, options.folds, options.seed, content_groups(logits))
 
     def held_out_nll(prior: float, fold: int) -> torch.Tensor:
         fit_rows, held_rows = (rows.to(logits.device) for rows in folds[fold])
@@ -203,9 +203,12 @@ def select_prior(
     return selection.chosen, selection.scores
 
 
-def _prior_summary(prior: float, scores: Dict[str, float]) -> Dict[str, Any]:
-    """The summary's record of the prior: ``prior`` (None for m = ∞) and the candidates' cross-fitted NLL."""
-    return {"prior": None if math.isinf(prior) else prior, **({"prior_cv_nll": scores} if scores else {})}
+def _prior_summary(prior: float, scores: Dict[str, float], logits: torch.Tensor, labels: torch.Tensor, method: str) -> Dict[str, Any]:
+    """The summary's record of the prior: ``prior`` (None for m = ∞), the candidates' cross-fitted NLL, and the
+    ``warnings`` of the temperature scaling it is centred on, fitted on (N, C) ``logits`` and (N,) ``labels`` (none for
+    m = 0, which has no centre)."""
+    return {"prior": None if math.isinf(prior) else prior, **({"prior_cv_nll": scores} if scores else {}),
+            "warnings": starting_temperature_warnings(logits, labels, method) if prior else []}
 
 
 # ----------------------------------------------------------------------------- histogram binning
@@ -279,7 +282,7 @@ class HistogramBinning(Calibrator):
         values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
         with torch.no_grad():
             self.bin_values.copy_(torch.where(counts > 0, values, self.bin_values))
-        return {"empty_bins": int((counts == 0).sum()), **_prior_summary(prior, scores)}
+        return {"empty_bins": int((counts == 0).sum()), **_prior_summary(prior, scores, logits, labels, self.method)}
 
     def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
         values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
@@ -447,7 +450,7 @@ class IsotonicCalibration(Calibrator):
         prior, scores = select_prior(logits, labels, self.mode, options, self._fitted_map)
         knots_x, knots_y = padded_knots(isotonic_knots(logits, labels, self.mode, prior))
         self.knots_x, self.knots_y = knots_x.to(self.knots_x.device), knots_y.to(self.knots_y.device)
-        return {"num_knots": int(knots_x.shape[1]), **_prior_summary(prior, scores)}
+        return {"num_knots": int(knots_x.shape[1]), **_prior_summary(prior, scores, logits, labels, self.method)}
 
     def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
         knots_x, knots_y = (knots.to(logits.device) for knots in padded_knots(isotonic_knots(logits, labels, self.mode, prior)))

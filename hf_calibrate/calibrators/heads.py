@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import HELD_OUT_SHARE, LEARNING_RATE, Calibrator, Range, check_fields, ranged, require
+from .requirements import DataRequirements
 
 PREDICTIONS = ("sample", "mean")
 #: Z, the width of a head's last hidden layer: its hidden layers hold about (feature dim + Z) × 3Z weights, allocated
@@ -120,6 +121,8 @@ class HeadCalibrator(Calibrator):
 
     needs_features = True
     Options = HeadOptions
+    #: a head has per-class output weights: refused on one class, warned about (naming them) when classes are absent
+    requirements = DataRequirements(classes=2, per_class=True)
     #: name of the base's classifier layer the head replaces (set by the fit)
     classifier: Optional[str] = None
 

@@ -7,20 +7,30 @@
   regularised logit method (vector, matrix and Dirichlet calibration, histogram binning, isotonic
   regression) chooses its regularisation strength on held-out NLL, every calibration sample
   held out once.
+
+Both keep copies together: given ``groups``, the (N,) content ids of :func:`content_groups` (rows whose bytes are
+equal: the same input, for a deterministic model), they deal whole groups, so that no held-out row has a copy among
+the rows fitted on (:func:`fold_assignment`, the folds as one fold number per row, is also Neural Clamping's L-BFGS
+folds); :func:`paired_difference` counts a row and its copies as one sample. Without a repeated row all three are
+what they are without ``groups``, bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES, no_interval_reason
 
 #: salt of the hold-out split's generator (with the seed and the sample count)
 HOLDOUT_SALT = 0xC0FFEE
+#: bytes of rows :func:`content_groups` reads at a time
+GROUP_CHUNK_BYTES = 1 << 26
 
 
 def seeded_generator(seed: int, *salt: int) -> torch.Generator:
@@ -30,20 +40,73 @@ def seeded_generator(seed: int, *salt: int) -> torch.Generator:
     return generator
 
 
-def holdout_split(count: int, holdout_fraction: float, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def holdout_split(count: int, holdout_fraction: float, seed: int,
+                  groups: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Seeded (fit, holdout) split of ``range(count)``: sorted int64 indices, ``round(holdout_fraction · count)`` held out.
 
-    The holdout is empty for fraction 0. A positive fraction that would hold out no sample, or every
-    sample, is a ValueError saying how many samples each part would get.
+    With (count,) int64 ``groups`` (:func:`content_groups`) whole groups are held out: ``round(holdout_fraction · G)``
+    of the G groups, so the fraction is of distinct rows. The holdout is empty for fraction 0. A positive fraction
+    that would hold out no group, or every group, is a ValueError saying how many each part would get.
     """
-    permutation = torch.randperm(count, generator=seeded_generator(seed, count, HOLDOUT_SALT))
-    holdout = int(round(holdout_fraction * count))
-    if holdout_fraction > 0 and (holdout < 1 or holdout >= count):
+    first, member = _first_rows(groups, count)
+    distinct = len(first)
+    permutation = torch.randperm(distinct, generator=seeded_generator(seed, distinct, HOLDOUT_SALT))
+    holdout = int(round(holdout_fraction * distinct))
+    if holdout_fraction > 0 and (holdout < 1 or holdout >= distinct):
+        rows = "samples" if distinct == count else f"distinct rows (of {count} samples)"
         raise ValueError(
-            f"holdout_fraction={holdout_fraction} leaves {count - holdout} of {count} samples to fit and "
+            f"holdout_fraction={holdout_fraction} leaves {distinct - holdout} of {distinct} {rows} to fit and "
             f"{holdout} to select on; use more calibration data or holdout_fraction=0."
         )
-    return permutation[holdout:].sort().values, permutation[:holdout].sort().values
+    held = torch.isin(member, permutation[:holdout])
+    return (~held).nonzero().squeeze(1), held.nonzero().squeeze(1)
+
+
+def content_groups(rows: torch.Tensor) -> torch.Tensor:
+    """(N,) int64 content id of each row of ``rows`` (N, ...) (logits or features, any dtype): rows of equal bytes
+    share an id, found by a 16-byte BLAKE2b digest of each row's bytes (as :mod:`hf_calibrate.data.lineage` digests
+    dataset rows), read in chunks of about :data:`GROUP_CHUNK_BYTES` (rows on any device, or memory-mapped)."""
+    flat = rows.detach().reshape(len(rows), -1)
+    per_chunk = max(1, GROUP_CHUNK_BYTES // max(1, flat.shape[1] * flat.element_size()))
+    digests = np.array([hashlib.blake2b(row.tobytes(), digest_size=16).digest() for chunk in flat.split(per_chunk)
+                        for row in chunk.cpu().contiguous().view(torch.uint8).numpy()], dtype="S16")
+    return torch.from_numpy(np.unique(digests, return_inverse=True)[1].reshape(-1).astype(np.int64))
+
+
+def repeated_rows(groups: torch.Tensor) -> int:
+    """How many of the rows of (N,) ``groups`` repeat an earlier row of their group: N minus the distinct groups."""
+    return len(groups) - int(torch.unique(groups).numel())
+
+
+def note_repeated_rows(summary: Dict[str, Any], groups: torch.Tensor) -> Dict[str, Any]:
+    """``summary`` with ``duplicate_rows`` (:func:`repeated_rows` of the calibration data's (N,) ``groups``) and, when
+    some row repeats another, a line in its ``warnings`` saying how many and what the selection rests on."""
+    repeated = repeated_rows(groups)
+    summary["duplicate_rows"] = repeated
+    if repeated:
+        count, distinct = len(groups), len(groups) - repeated
+        rule = (f"every fold or hold-out keeps a row's copies together, so what is chosen on held-out rows is chosen on "
+                f"{distinct:,} distinct rows" if distinct > 1 else
+                "with one distinct row nothing can be held out from its copies, and a fit learns no more than its labels' frequencies")
+        summary["warnings"] = [*summary.get("warnings", []), (
+            f"the calibration data hold {repeated:,} rows that repeat another row ({distinct:,} distinct of {count:,}): "
+            f"{rule}; remove the copies unless the data the model will see repeat rows alike.")]
+    return summary
+
+
+def _first_rows(groups: Optional[torch.Tensor], count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(G,) the first row of each of the G groups of (count,) ``groups``, in row order; (count,) each row's group
+    number (0 … G − 1, in that order). Without ``groups``, or with a single one, every row is its own group: (arange,
+    arange). One group cannot be held out from itself, and rows that are all one input (one logit row) teach a fit
+    nothing beyond their label frequencies, which their copies share."""
+    ids, inverse = torch.unique(groups.cpu(), return_inverse=True) if groups is not None else (torch.empty(0), None)
+    if len(ids) < 2:
+        return torch.arange(count), torch.arange(count)
+    first = torch.full((len(ids),), count, dtype=torch.long).scatter_reduce_(0, inverse, torch.arange(count), "amin")
+    order = first.argsort()
+    number = torch.empty_like(order)
+    number[order] = torch.arange(len(order))
+    return first[order], number[inverse]
 
 
 # ----------------------------------------------------------------------------- cross-fitting
@@ -58,24 +121,35 @@ PATH_PATIENCE = 2
 Fold = Tuple[torch.Tensor, torch.Tensor]
 
 
-def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> List[Fold]:
-    """Seeded, stratified K-fold split of ``range(len(labels))``: K (fit, held-out) pairs of sorted int64 indices.
+def fold_assignment(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(N,) int64 fold number (0 … K − 1) of each row of (N,) ``labels``: a seeded, stratified K-fold deal.
 
     Each class's rows are shuffled by a generator seeded by ``seed`` and the sample count, then
     dealt round-robin over the folds, continuing from one class to the next, so every fold holds
-    each class's rows to within one and the folds' sizes differ by at most one. K is
-    ``min(folds, N)``; every row is held out exactly once. Needs N ≥ 2 (else a ValueError with the fix).
+    each class's rows to within one and the folds' sizes differ by at most one. K is ``min(folds, N)``.
+    With (N,) ``groups`` (:func:`content_groups`) the same deal is of the G groups (a group's class: its first
+    row's), each row going with its group: K is ``min(folds, G)``, and N is G in the above.
+    Needs N ≥ 2 (else a ValueError with the fix).
     """
-    count = int(labels.shape[0])
+    first, member = _first_rows(groups, int(labels.shape[0]))
+    count = len(first)
     if count < 2:
         raise ValueError(f"cross-fitting needs at least 2 calibration samples, got {count}; calibrate on more held-out data.")
     folds = min(int(folds), count)
     permutation = torch.randperm(count, generator=seeded_generator(seed, count, FOLDS_SALT))
-    labels = labels.cpu()
-    order = permutation[torch.sort(labels[permutation], stable=True).indices]  # shuffled within each class
-    assignment = torch.empty(count, dtype=torch.long)
-    assignment[order] = torch.arange(count) % folds
-    return [((assignment != k).nonzero().squeeze(1), (assignment == k).nonzero().squeeze(1)) for k in range(folds)]
+    group_labels = labels.cpu()[first]
+    order = permutation[torch.sort(group_labels[permutation], stable=True).indices]  # shuffled within each class
+    dealt = torch.empty(count, dtype=torch.long)
+    dealt[order] = torch.arange(count) % folds
+    return dealt[member]
+
+
+def stratified_folds(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> List[Fold]:
+    """Seeded, stratified K-fold split of ``range(len(labels))``: K (fit, held-out) pairs of sorted int64 indices,
+    from :func:`fold_assignment` (``groups``: copies kept in one fold); every row is held out exactly once."""
+    assignment = fold_assignment(labels, folds, seed, groups)
+    return [((assignment != k).nonzero().squeeze(1), (assignment == k).nonzero().squeeze(1))
+            for k in range(int(assignment.max()) + 1)]
 
 
 @dataclasses.dataclass
@@ -123,19 +197,35 @@ def select_by_cross_fitting(
 Z95 = 1.959963984540054
 
 
-def paired_difference(differences: torch.Tensor) -> Dict[str, Any]:
+def paired_difference(differences: torch.Tensor, groups: Optional[torch.Tensor] = None) -> Dict[str, Any]:
     """The mean of (N,) per-sample differences (e.g. held-out NLL of a fit minus its reference's, nats) with its
     two-sided 95 % normal interval: ``{"point", "low", "high"}``.
 
+    With (N,) content ``groups`` (:func:`content_groups`) a row and its copies are one sample, not several: the
+    interval is the cluster-robust one over the groups (:func:`clustered_standard_error`), and the samples counted
+    below are the distinct rows.
     Below ``MIN_INTERVAL_SAMPLES`` (30) samples, where a normal interval would be no evidence, the ends are None and
     ``"reason"`` says why.
     """
     differences = differences.double().cpu()
     point = float(differences.mean())
-    if len(differences) < MIN_INTERVAL_SAMPLES:
-        return {"point": point, "low": None, "high": None, "reason": no_interval_reason(len(differences), MIN_INTERVAL_REPLICATES)}
-    half = Z95 * float(differences.std()) / math.sqrt(len(differences))
+    repeated = 0 if groups is None else repeated_rows(groups)
+    samples = len(differences) - repeated
+    if samples < MIN_INTERVAL_SAMPLES:
+        return {"point": point, "low": None, "high": None, "reason": no_interval_reason(samples, MIN_INTERVAL_REPLICATES)}
+    if repeated:
+        half = Z95 * clustered_standard_error(differences, groups)
+    else:
+        half = Z95 * float(differences.std()) / math.sqrt(len(differences))
     return {"point": point, "low": point - half, "high": point + half}
+
+
+def clustered_standard_error(values: torch.Tensor, groups: torch.Tensor) -> float:
+    """The cluster-robust standard error of the mean of (N,) float64 ``values`` over the G groups of (N,) ``groups``:
+    √(G/(G − 1) · Σ_g (Σ_{i∈g} (v_i − v̄))²) / N, which is std/√N when every group is a single row."""
+    ids, inverse = torch.unique(groups.cpu(), return_inverse=True)
+    residuals = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, values - values.mean())
+    return math.sqrt(len(ids) / (len(ids) - 1) * float(residuals.square().sum())) / len(values)
 
 
 def shown_below_zero(difference: Optional[Dict[str, Any]]) -> bool:

@@ -12,7 +12,8 @@ top confidence bin). So each adds a pull towards the temperature-scaling solutio
 
 the mean squared change (logits², per sample and class) from TS's calibrated logits β x; TS
 itself is λ = ∞ (for Dirichlet softmax(β log p) = softmax(β z)). λ is chosen by K-fold
-cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`: stratified seeded folds, TS first,
+cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`: stratified seeded folds that keep rows of equal
+logits together, TS first,
 then λ from :data:`DEFAULT_L2_GRID`, strongest first, each fold warm-started from its previous
 candidate, the lowest cross-fitted NLL; a tie keeps the stronger), then refitted on all the data.
 A penalty of λ > 0 keeps every parameter finite. Vector scaling takes block-Newton steps
@@ -38,8 +39,8 @@ from .._warnings import warn_user
 from . import lbfgs
 from .base import Calibrator, Range, check_fields, fit_context, ranged, require
 from .requirements import DataRequirements
-from .holdout import DEFAULT_FOLDS, Fold, select_by_cross_fitting, stratified_folds
-from .temperature import GUO_2017_CITATION, fit_inverse_temperature
+from .holdout import DEFAULT_FOLDS, Fold, content_groups, select_by_cross_fitting, stratified_folds
+from .temperature import GUO_2017_CITATION, fit_inverse_temperature, temperature_warnings
 from .vector_newton import SCALE_BOUNDS, fit_vector_scaling
 
 # Up to this many logits the fit runs in float64; larger problems use float32 for speed.
@@ -120,16 +121,18 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
     λ is ``options.l2``, or selected by cross-fitting (module docstring). Returns the parameters
     and a summary: ``l2`` (None when temperature scaling itself was chosen), ``temperature``,
     ``l2_cv_nll`` (cross-fitted mean NLL of each candidate tried, ``"inf"`` for TS), the refit's
-    ``iterations``, ``converged``, and ``warnings`` (one line each: no convergence, a bound, Ctrl-C).
+    ``iterations``, ``converged``, and ``warnings`` (one line each: the starting temperature at a bound or without a
+    minimum, no convergence, a scale at its bound, Ctrl-C).
     """
     x = linear_map.features(logits.detach().to(_work_dtype(logits)))
     beta = fit_inverse_temperature(x, labels)[0]
     at_temperature = linear_map.at_temperature(beta, x.shape[1], x.dtype, x.device)
-    summary: Dict[str, Any] = {"temperature": 1.0 / beta, "warnings": []}
+    start_lines = temperature_warnings(beta, x, labels, method=linear_map.name, start=True)
+    summary: Dict[str, Any] = {"temperature": 1.0 / beta, "warnings": start_lines}
     strength = options.l2
     if strength is None:
         try:
-            folds = stratified_folds(labels, options.folds, options.seed)
+            folds = stratified_folds(labels, options.folds, options.seed, content_groups(logits))
             selection = select_by_cross_fitting((math.inf, *options.l2_grid), folds, _held_out_nll(linear_map, x, labels, options, folds))
         except _Interrupted:
             summary["interrupted"] = _interrupted(linear_map.name, "during the l2 selection: temperature scaling's solution is kept")

@@ -1,21 +1,30 @@
-"""The least calibration data each logit method needs, checked on the cached logits before anything is fitted.
+"""The least calibration data each method needs, checked on the cached logits (or labels) before anything is fitted.
 
-A logit calibrator class states its :class:`DataRequirements` (its ``requirements`` attribute):
+A calibrator class states its :class:`DataRequirements` (its ``requirements`` attribute):
 below ``rows`` rows, ``classes`` distinct classes or ``errors`` misclassified rows the data
 cannot determine the method's parameters, and the fit is refused (:class:`InsufficientDataError`,
 naming the count, the least and the fix); below ``advised_rows``, or with classes absent where
-the method has per-class parameters, it is fitted with a warning. :func:`calibration_data_warnings`
-also names rows whose logits are far larger than the others' (a corrupted input, e.g. one pixel
-of 1e6): a handful of such rows decides a temperature alone.
+the method has per-class parameters (naming them), it is fitted with a warning; :func:`check_labels`
+applies the same rule to the labels alone (the head methods, which see features, not logits).
+:func:`check_calibration_data` also names rows whose logits are far larger than the others' (a
+corrupted input, e.g. one pixel of 1e6): a handful of such rows decides a temperature alone; and
+says when every row is non-negative and sums to 1 — the model ends in a softmax, and its
+probabilities would be calibrated as if they were logits (Neural Clamping, whose fit is not on cached
+logits alone, says so as it fits: :func:`warn_if_probabilities`). Log-probabilities (a final log_softmax,
+rows whose logsumexp is 0) are not warned about: they are the logits up to a per-row constant, which
+softmax ignores — temperature scaling, Dirichlet, structured vector scaling and the binning methods
+fit them exactly as the logits, and vector and matrix scaling fit their maps on log-probabilities,
+as Dirichlet calibration does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional, Sequence
 
 import torch
 
+from .._warnings import warn_user
 from ..metrics._checks import describe_positions
 
 #: a row whose logit range (max − min over classes) exceeds this many times the median row's is an outlier
@@ -50,26 +59,78 @@ class DataRequirements:
     per_class: bool = False
 
 
-def check_calibration_data(logits: torch.Tensor, labels: torch.Tensor, method: str, needs: DataRequirements) -> List[str]:
+def check_calibration_data(logits: torch.Tensor, labels: torch.Tensor, method: str, needs: DataRequirements,
+                           distinct: Optional[int] = None) -> List[str]:
     """Refuse (:class:`InsufficientDataError`) (N, C) ``logits`` and (N,) ``labels`` below ``needs``; return one warning
-    line per lesser problem (few rows, absent classes, outlier rows)."""
-    rows, num_classes = logits.shape
-    present = int(torch.unique(labels).numel())
+    line per lesser problem (few rows, absent classes, outlier rows, probabilities given as logits). ``distinct``: how
+    many of the rows are distinct (copies teach a held-out choice nothing new)."""
     errors = int((logits.argmax(dim=1) != labels).sum())
-    for count, least, what in ((rows, needs.rows, "rows"), (present, needs.classes, "distinct classes"),
-                               (errors, needs.errors, "misclassified rows")):
+    lines = check_labels(labels, logits.shape[1], method, needs, errors, distinct)  # refuses before the checks of the values
+    return probability_warnings(logits) + lines + outlier_warnings(logits)
+
+
+def check_labels(labels: torch.Tensor, num_classes: int, method: str, needs: DataRequirements,
+                 errors: Optional[int] = None, distinct: Optional[int] = None) -> List[str]:
+    """Refuse (:class:`InsufficientDataError`) the (N,) ``labels`` of a ``num_classes``-class model below ``needs``' rows
+    and distinct classes (and misclassified rows, when the base's count ``errors`` is given); return a line for fewer
+    (``distinct``, when given) rows than advised, and one naming the absent classes where ``needs.per_class`` (or only
+    one class is present)."""
+    rows, present = len(labels), int(torch.unique(labels).numel())
+    counts = [(rows, needs.rows, "rows"), (present, needs.classes, "distinct classes")]
+    if errors is not None:
+        counts.append((errors, needs.errors, "misclassified rows"))
+    facts = f"{rows} rows, {present} classes" + ("" if errors is None else f", {errors} misclassified")
+    for count, least, what in counts:
         if count < least:
             raise InsufficientDataError(f"{method} needs at least {least} {what} in the calibration data, which have {count} "
-                                        f"({rows} rows, {present} classes, {errors} misclassified). {MORE_DATA_FIX}")
+                                        f"({facts}). {MORE_DATA_FIX}")
     lines = []
-    if rows < needs.advised_rows:
-        lines.append(f"{method}: {rows} calibration rows are fewer than the {needs.advised_rows} it is advised to have; its "
+    unique = rows if distinct is None else distinct
+    if unique < needs.advised_rows:
+        counted = f"{unique} calibration rows" if unique == rows else f"{unique} distinct calibration rows (of {rows})"
+        lines.append(f"{method}: {counted} are fewer than the {needs.advised_rows} it is advised to have; its "
                      f"held-out choice of regularisation is noisy. {MORE_DATA_FIX}")
-    if present < num_classes and (needs.per_class or present == 1):
-        lines.append(f"{method}: {num_classes - present} of the {num_classes} classes are absent from the calibration data "
-                     f"({present} present), so the fit cannot learn how the model behaves on them; calibrate on a sample of "
-                     "the data the model will see, holding every class.")
-    return lines + outlier_warnings(logits)
+    absent = absent_classes(labels, num_classes)
+    if absent and (needs.per_class or present == 1):
+        lines.append(f"{method}: {absent_classes_phrase(absent, num_classes)}, so the fit cannot learn how the model behaves "
+                     "on them; calibrate on a sample of the data the model will see, holding every class.")
+    return lines
+
+
+def absent_classes(labels: torch.Tensor, num_classes: int) -> List[int]:
+    """The class indices in [0, ``num_classes``) that none of the (N,) ``labels`` holds, ascending."""
+    return (torch.bincount(labels.long().cpu(), minlength=num_classes) == 0).nonzero().squeeze(1).tolist()
+
+
+def absent_classes_phrase(absent: Sequence[int], num_classes: int) -> str:
+    """``"2 of the 10 classes are absent from the calibration data (classes 3, 7)"``: the words of a per-class fit's
+    warning and of ``method="auto"``'s reason for leaving a per-class candidate out."""
+    which = f"class {absent[0]}" if len(absent) == 1 else f"classes {describe_positions(absent)}"
+    return f"{len(absent)} of the {num_classes} classes are absent from the calibration data ({which})"
+
+
+#: a row of non-negative values reads as probabilities when its sum is within this of 1 (a float16 or bfloat16
+#: softmax's rows sum to 1 within a few 1e-3; real logits are negative somewhere, or sum to anything)
+PROBABILITY_SUM_TOLERANCE = 1e-2
+
+
+def probability_warnings(logits: torch.Tensor) -> List[str]:
+    """A line when every row of the (N, C) ``logits`` is non-negative and sums to 1 (within
+    :data:`PROBABILITY_SUM_TOLERANCE`): the model's forward ends in a softmax. Else none."""
+    sums = logits.sum(dim=1, dtype=torch.float64)
+    if float(logits.amin()) < 0 or float((sums - 1).abs().max()) > PROBABILITY_SUM_TOLERANCE:
+        return []
+    return [f"the model's outputs look like probabilities, not logits: all {logits.shape[0]:,} calibration rows are "
+            "non-negative and sum to 1, so its forward ends in a softmax, and every method would calibrate softmax(p), a "
+            "flattened copy of its probabilities p, instead of its logits. Calibrate the model without its final softmax "
+            "(so that it returns its logits), or make it return log-probabilities (log_softmax in place of softmax, or the "
+            "log of its outputs): those are the logits up to a per-row constant, which softmax ignores."]
+
+
+def warn_if_probabilities(logits: torch.Tensor) -> None:
+    """Warn (at the user's line) with :func:`probability_warnings`' line, for fits that warn as they go (Neural Clamping)."""
+    for line in probability_warnings(logits):
+        warn_user(line)
 
 
 def outlier_warnings(logits: torch.Tensor) -> List[str]:

@@ -112,7 +112,7 @@ class StructuredVectorScaling(Calibrator):
             return F.cross_entropy(x * (1 + offset) + bias, labels) + strength * (offset.square().sum() + bias.square().sum())
 
         summary = lbfgs.minimise([offset, bias], objective, options.max_iter, "structured vector scaling")
-        lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method)
+        lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
         largest = float(torch.cat([offset.detach(), bias.detach()]).abs().max())
         if largest > LARGE_PARAMETER:
             lines.append(f"structured_vector: a per-class scale offset or bias reached {largest:.3g}: the data (nearly) "

@@ -173,22 +173,48 @@ def warn_if_without_minimum(beta: float, logits: torch.Tensor, labels: torch.Ten
 
 #: a temperature within this factor of a bound of :data:`BETA_BOUNDS` is reported as at its bound
 NEAR_BOUND = 1.5
+#: about what the median row of a model's calibrated logits spans (max − min, logits): a temperature at its bound that
+#: leaves it beyond these, on the side the fit pushes away from, says the logits' scale is wrong, not a few rows
+CALIBRATED_SPANS = (1.0, 100.0)
 
 
 def temperature_warnings(
     beta: float, logits: torch.Tensor, labels: torch.Tensor, data: str = "the calibration data", method: str = "temperature",
+    start: bool = False,
 ) -> List[str]:
-    """One line per problem of a temperature fitted by ``method`` on ``logits`` over ``data``: no minimum (separable,
-    below chance), or T at (or within :data:`NEAR_BOUND` of) a bound."""
+    """One line per problem of a temperature fitted by ``method`` on (N, C) ``logits`` and (N,) ``labels`` over ``data``:
+    no minimum (separable, below chance), or T at (or within :data:`NEAR_BOUND` of) a bound (:func:`bound_message`).
+    ``start``: the temperature is the temperature scaling ``method`` starts from (and is pulled towards), as the line says."""
+    head = f"{method}: " + ("it starts from temperature scaling, and " if start else "")
     message = without_minimum_message(beta, logits, labels, data, CALIBRATION_DATA_FIX)
     if message is not None:
-        return [f"{method}: {message}"]
+        return [head + message]
     low, high = BETA_BOUNDS
     if beta < low * NEAR_BOUND or beta > high / NEAR_BOUND:
-        return [f"{method}: T = {1 / beta:.4g} is at its bound ({1 / high:g} to {1 / low:g}): a few rows dominate the fit. "
-                "Check the calibration data for rows with extreme logits (a corrupted input) and for labels outside the "
-                "model's class order."]
+        return [head + bound_message(beta, logits)]
     return []
+
+
+def bound_message(beta: float, logits: torch.Tensor) -> str:
+    """Why 1/T = ``beta`` ended at a bound of :data:`BETA_BOUNDS` on (N, C) ``logits``: their scale, when even at the bound
+    the median row's calibrated span (max − min) stays beyond :data:`CALIBRATED_SPANS` on the side the fit pushes away
+    from (too small at T = 0.001, too large at T = 1000), else a few dominating rows."""
+    low, high = BETA_BOUNDS
+    head = f"T = {1 / beta:.4g} is at its bound ({1 / high:g} to {1 / low:g})"
+    span = float((logits.amax(dim=1) - logits.amin(dim=1)).double().median())
+    calibrated = span * beta
+    if (calibrated < CALIBRATED_SPANS[0] and beta > 1) or (calibrated > CALIBRATED_SPANS[1] and beta < 1):
+        return (f"{head} and still leaves the median row's logits spanning {calibrated:.3g} (max − min; {span:.3g} as given), "
+                f"where a model's calibrated logits span about {CALIBRATED_SPANS[0]:g} to {CALIBRATED_SPANS[1]:g}: the "
+                "logits' scale is far from a model's: check that the model's forward returns its logits, not a rescaled copy.")
+    return (f"{head}: a few rows dominate the fit. Check the calibration data for rows with extreme logits (a corrupted "
+            "input) and for labels outside the model's class order.")
+
+
+def starting_temperature_warnings(logits: torch.Tensor, labels: torch.Tensor, method: str) -> List[str]:
+    """:func:`temperature_warnings` of the temperature scaling that ``method`` starts from, fitted here on (N, C)
+    ``logits`` and (N,) ``labels`` (for fits that do not keep its 1/T)."""
+    return temperature_warnings(fit_inverse_temperature(logits.detach(), labels)[0], logits, labels, method=method, start=True)
 
 
 class TemperatureScaling(Calibrator):

@@ -7,8 +7,9 @@ estimated time fits the ``budget`` option, scored by its own cross-fitted fit (:
 scaling, the simplest, is the reference: another candidate is chosen only when the 95 % interval of its paired
 per-sample NLL difference to temperature scaling lies below 0, and among those the simplest whose NLL is not shown
 worse than the best one's (:func:`choose`). The chosen method's fit on all the data is the result, a model of that
-method; its ``fit_summary["auto"]`` keeps every candidate's score, interval and the reason for the choice
-(docs/design.md §3.5).
+method; its ``fit_summary["auto"]`` keeps every candidate's score, interval and the reason for the choice, with
+the evidence of its last step: each compared candidate's paired difference to the best (docs/design.md §3.5). A
+warning a candidate's fit raises is said as it happens, named (:func:`.auto_scoring.candidate_warnings`).
 
 The head methods take part when named among the candidates, each trained on the base's features once per fold
 (:mod:`.auto_heads`).
@@ -27,7 +28,7 @@ from .. import _distributed
 from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, options_to_dict
 from ..calibrators.base import Range, check_fields, check_fit_logits, ranged, require
-from ..calibrators.holdout import paired_difference, shown_below_zero, stratified_folds
+from ..calibrators.holdout import content_groups, paired_difference, repeated_rows, shown_below_zero, stratified_folds
 from ..data import CalibrationData
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from .auto_clamping import CLAMPING, budget_reason, estimated_seconds, score_clamping
@@ -115,63 +116,89 @@ class AutoOptions:
         return self.candidates is None or CLAMPING in self.candidates
 
 
+#: the last step of the rule, among the candidates that beat temperature scaling (said alike in the reason, the card,
+#: the README and docs/design.md §3.5)
+FINAL_STEP = "the simplest whose held-out NLL is not shown worse than the lowest one's"
+
+
 @dataclasses.dataclass
 class Choice:
     """What :func:`choose` decided: the method, the reason in words, and each scored candidate's paired NLL difference
-    to temperature scaling (:func:`~hf_calibrate.calibrators.holdout.paired_difference`; the reference's is None)."""
+    to temperature scaling (:func:`~hf_calibrate.calibrators.holdout.paired_difference`; the reference's is None).
+    ``best`` is the candidate with the lowest held-out NLL of those that beat temperature scaling (None when none
+    did), and ``versus_best`` the evidence of the last step: the paired difference to it of each candidate the rule
+    looked at before stopping (those that beat temperature scaling, simplest first, up to the chosen one)."""
 
     method: str
     reason: str
     versus_reference: Dict[str, Optional[Dict[str, Optional[float]]]]
+    best: Optional[str] = None
+    versus_best: Dict[str, Dict[str, Optional[float]]] = dataclasses.field(default_factory=dict)
 
 
 def _interval(difference: Dict[str, Optional[float]]) -> str:
     return f"{difference['point']:+.4f} nats per sample, 95 % interval [{difference['low']:+.4f}, {difference['high']:+.4f}]"
 
 
-def choose(scored: Sequence[Scored]) -> Choice:
+def choose(scored: Sequence[Scored], groups: Optional[torch.Tensor] = None) -> Choice:
     """Temperature scaling, unless other candidates' held-out NLL is lower beyond the 95 % interval of the paired
-    difference; then the simplest of those (``scored`` is simplest first) not shown worse than the best of them."""
+    difference; then, of those (``scored`` is simplest first), :data:`FINAL_STEP`. ``groups``: the (N,) content ids
+    of the rows (a row and its copies count as one sample in the intervals)."""
     nll = {entry.method: entry.nll for entry in scored if entry.nll is not None}
     reference = nll[REFERENCE]
-    versus = {method: None if method == REFERENCE else paired_difference(scores - reference) for method, scores in nll.items()}
+    versus = {method: None if method == REFERENCE else paired_difference(scores - reference, groups) for method, scores in nll.items()}
     better = [method for method in nll if shown_below_zero(versus[method])]
     if not better:
-        samples = len(reference)
+        samples = len(reference) - (0 if groups is None else repeated_rows(groups))
         evidence = ("no other candidate's held-out NLL was lower than temperature scaling's beyond the 95 % interval of "
                     "the paired difference" if samples >= MIN_INTERVAL_SAMPLES else f"{samples} samples are too few for an interval")
         return Choice(REFERENCE, f"{evidence}, so temperature scaling, the simplest, is kept.", versus)
     best = min(better, key=lambda method: float(nll[method].mean()))
-    chosen = next(method for method in better if method == best or not _shown_worse(nll[method] - nll[best]))
-    reason = f"{chosen}'s held-out NLL minus temperature scaling's: {_interval(versus[chosen])}"
-    if chosen != best:
-        reason += f"; the simplest of the {len(better)} candidates that beat temperature scaling whose NLL is not shown worse than the best one's ({best})"
-    elif len(better) > 1:
-        reason += f"; the best of the {len(better)} candidates that beat temperature scaling"
-    return Choice(chosen, reason + ".", versus)
+    to_best = {method: paired_difference(nll[method] - nll[best], groups) for method in better if method != best}
+    chosen = next(method for method in better if method == best or not _shown_above_zero(to_best[method]))
+    compared = {method: to_best[method] for method in better[: better.index(chosen) + 1] if method != best}
+    reason = f"{chosen}'s held-out NLL minus temperature scaling's: {_interval(versus[chosen])}; {_final_step(better, best, chosen, compared)}"
+    return Choice(chosen, reason, versus, best, compared)
 
 
-def _shown_worse(differences: torch.Tensor) -> bool:
-    low = paired_difference(differences)["low"]
-    return low is not None and low > 0
+def _final_step(better: Sequence[str], best: str, chosen: str, compared: Dict[str, Dict[str, Optional[float]]]) -> str:
+    """The last step of the rule in words, with its evidence: each compared candidate's paired difference to ``best``."""
+    if len(better) == 1:
+        return "it is the only candidate that beat temperature scaling."
+    step = f"of the {len(better)} candidates that beat temperature scaling ({', '.join(better)}), auto takes {FINAL_STEP}"
+    passed = "; ".join(f"{method} minus {best}: {_interval(difference)}" for method, difference in compared.items() if method != chosen)
+    passed = passed and f"; shown worse than {best}, so passed over: {passed}"
+    if chosen == best:
+        return f"{step}: {chosen} has the lowest{passed or ' and is the simplest of them'}."
+    return (f"{step}, {best}'s: {chosen} minus {best}: {_interval(compared[chosen])}, not shown worse{passed}; so the "
+            f"simpler {chosen} is chosen.")
 
 
-def auto_record(scored: Sequence[Scored], choice: Choice, logits: torch.Tensor, labels: torch.Tensor, folds: int) -> Dict[str, Any]:
-    """``fit_summary["auto"]``: the choice, its reason, and one row per candidate (held-out NLL, paired difference to
-    temperature scaling, seconds, why it was left out, whether its own selection chose temperature scaling itself, how
-    it was scored when not on auto's folds),
-    after a row for the uncalibrated model (not cross-fitted: it has nothing to fit)."""
+def _shown_above_zero(difference: Dict[str, Optional[float]]) -> bool:
+    """Whether a paired difference has its whole 95 % interval above 0 (False without an interval)."""
+    return difference["low"] is not None and difference["low"] > 0
+
+
+def auto_record(scored: Sequence[Scored], choice: Choice, logits: torch.Tensor, labels: torch.Tensor, folds: int,
+                groups: Optional[torch.Tensor] = None) -> Dict[str, Any]:
+    """``fit_summary["auto"]``: the choice, its reason, the best-scoring candidate of those that beat temperature
+    scaling (``best``), and one row per candidate (held-out NLL, paired difference to temperature scaling and, for
+    those the rule's last step compared, to ``best``; seconds, why it was left out, whether its own selection chose
+    temperature scaling itself, how it was scored when not on auto's folds), after a row for the uncalibrated model
+    (not cross-fitted: it has nothing to fit). ``groups``: as :func:`choose`'s."""
     uncalibrated = torch.nn.functional.cross_entropy(logits.double(), labels, reduction="none").cpu()
     reference = next(entry.nll for entry in scored if entry.method == REFERENCE)
     rows = [{"method": "uncalibrated", "held_out_nll": float(uncalibrated.mean()),
-             "versus_temperature": paired_difference(uncalibrated - reference), "seconds": 0.0, "excluded": None}]
+             "versus_temperature": paired_difference(uncalibrated - reference, groups), "seconds": 0.0, "excluded": None}]
     for entry in scored:
         shares = entry.method != REFERENCE and entry.nll is not None and entry.nll is reference
         rows.append({"method": entry.method, "held_out_nll": None if entry.nll is None else float(entry.nll.mean()),
                      "versus_temperature": None if shares else choice.versus_reference.get(entry.method),
+                     "versus_best": choice.versus_best.get(entry.method),
                      "seconds": entry.seconds, "excluded": entry.reason, "is_temperature_scaling": shares,
                      "scored_by": entry.scoring})
-    return {"chosen": choice.method, "reason": choice.reason, "folds": folds, "samples": len(labels), "candidates": rows}
+    return {"chosen": choice.method, "reason": choice.reason, "best": choice.best, "folds": folds, "samples": len(labels),
+            "candidates": rows}
 
 
 def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any]:
@@ -179,14 +206,17 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     ``backbone``; the chosen method's fit on all of it is the result.
 
     Returns the fitted calibrator (on every process the main process's), its fit summary with ``"auto"``
-    (:func:`auto_record`), and the chosen method's options (its defaults). The chosen fit's warnings are the user's.
+    (:func:`auto_record`), and the chosen method's options (its defaults). Each candidate's fit said its warnings as
+    they happened, named (:func:`~.auto_scoring.candidate_warnings`); the chosen fit's summary lines are the user's,
+    and so is a chosen head's feature pass's warning.
     """
     started = time.perf_counter()
     num_classes, _ = probe(backbone, data, engine)
     logits, labels = engine.collect_logits(backbone, data)
     pass_seconds = time.perf_counter() - started
     labels = check_fit_logits(logits, labels, num_classes)
-    folds = stratified_folds(labels, options.folds, engine.options.seed)
+    groups = content_groups(logits)  # a row's copies: in one fold, and one sample in the intervals
+    folds = stratified_folds(labels, options.folds, engine.options.seed, groups)
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar)
@@ -197,14 +227,15 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
         estimate, clamping = _clamping_candidate(backbone, data, options.budget, scored[0].nll, engine,
                                                  (pass_seconds, time.perf_counter() - started))
         scored.insert(len(methods), clamping)  # simpler than a head: δ and T on the frozen model
-    choice = choose(scored)
-    calibrator, summary, chosen_options, caught = next(entry.fitted for entry in scored if entry.method == choice.method)
-    for warning in caught if engine.is_main else []:
+    choice = choose(scored, groups)
+    calibrator, summary, chosen_options, pass_warnings = next(entry.fitted for entry in scored if entry.method == choice.method)
+    for warning in pass_warnings if engine.is_main else []:
         warn_user(str(warning.message), warning.category)
     if len(folds) < options.folds:
-        summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(labels)} "
-                               f"calibration rows; {len(folds)} folds were used (one row held out in each)."]
-    summary["auto"] = auto_record(scored, choice, logits, labels, len(folds))
+        distinct = "" if len(folds) == len(labels) else " that differ (a row and its copies go together)"
+        summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(folds)} "
+                               f"calibration rows{distinct}; {len(folds)} folds were used (one row held out in each)."]
+    summary["auto"] = auto_record(scored, choice, logits, labels, len(folds), groups)
     summary["auto"].update(budget=options.budget, neural_clamping_estimate=estimate, options=options_to_dict(options))
     engine.broadcast_module(calibrator)
     return calibrator, summary, chosen_options

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -31,7 +30,7 @@ from ..backbones import Backbone
 from ..calibrators.neural_clamping import LBFGS_DEFAULTS
 from ..data import CalibrationData
 from ..results.reporting import seconds_text
-from .auto_scoring import Scored, default_options
+from .auto_scoring import Scored, candidate_warnings, default_options
 from .engine import Engine
 from .families import fit_calibrator
 
@@ -65,20 +64,19 @@ def score_clamping(backbone: Backbone, data: CalibrationData, reference: torch.T
     """Neural Clamping with its defaults fitted on all of ``data``, its (N,) held-out NLL put on auto's scale through
     ``reference`` (auto's cross-fitted temperature scaling, (N,) nats). A fit that refuses the data (e.g. a stream
     that can be read only once) leaves it out with the reason; one that fell back to temperature scaling shares
-    ``reference``."""
+    ``reference``. Its fit's warnings are said as they happen, named (:func:`.auto_scoring.candidate_warnings`)."""
     start = time.perf_counter()
     options = default_options(CLAMPING, engine)
     sink: List[Tuple[torch.Tensor, torch.Tensor]] = []
     engine.held_out_sink = sink
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with candidate_warnings(CLAMPING, engine):
             calibrator, summary = fit_calibrator(backbone, data, CLAMPING, options, engine)
     except ValueError as error:
         return Scored(CLAMPING, None, str(error), time.perf_counter() - start)
     finally:
         engine.held_out_sink = None
-    fitted = (calibrator, summary, options, list(caught))
+    fitted = (calibrator, summary, options, [])
     seconds = time.perf_counter() - start
     if summary.get("fell_back_to_temperature_scaling", False) or not sink:
         return Scored(CLAMPING, reference, None, seconds, fitted)

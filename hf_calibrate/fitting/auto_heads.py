@@ -25,7 +25,7 @@ from ..backbones import Backbone, ClassifierLayerError
 from ..calibrators import Calibrator
 from ..calibrators.holdout import Fold
 from ..data import CalibrationData
-from .auto_scoring import Scored, absent_classes_reason, default_options, score_folds
+from .auto_scoring import Scored, absent_classes_reason, candidate_warnings, default_options, score_folds
 from .engine import Engine
 from .families import create_calibrator
 from .heads import collect_features, fit_head_on_features
@@ -61,19 +61,19 @@ def score_head(method: str, backbone: Backbone, data: CalibrationData, cached: T
                engine: Engine, pass_facts: Tuple[Optional[str], List[warnings.WarningMessage]] = (None, [])) -> Scored:
     """One head candidate on the cached (features (N, d), labels (N,)): its fit on all of them, as a fit of it by name
     makes after its own pass, then its (N,) cross-fitted held-out NLL (nats) from one fit per fold. ``pass_facts``:
-    the ``classifier`` option the heads take and the warnings of the pass that cached the features. Data a fit
-    refuses leave it out with the reason."""
+    the ``classifier`` option the heads take and the warnings of the pass that cached the features (the user's only
+    when a head is chosen); the head's own fit's are said as they happen (:func:`.auto_scoring.candidate_warnings`).
+    Data a fit refuses leave it out with the reason."""
     start = time.perf_counter()
     classifier, pass_warnings = pass_facts
     options = dataclasses.replace(default_options(method, engine), classifier=classifier)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with candidate_warnings(method, engine):
             calibrator, summary = fit_head_by_name(method, options, backbone, data, cached, engine)
         nll = cross_fitted_head_nll(method, options, backbone, data, cached, folds, engine)
     except ValueError as error:  # InsufficientDataError is one
         return Scored(method, None, str(error), time.perf_counter() - start)
-    return Scored(method, nll, None, time.perf_counter() - start, (calibrator, summary, options, pass_warnings + list(caught)))
+    return Scored(method, nll, None, time.perf_counter() - start, (calibrator, summary, options, pass_warnings))
 
 
 def fit_head_by_name(method: str, options: Any, backbone: Backbone, data: CalibrationData, cached: Tuple[torch.Tensor, torch.Tensor],

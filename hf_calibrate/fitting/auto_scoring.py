@@ -6,14 +6,16 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .._warnings import relayed
 from ..calibrators import Calibrator, RegularisedOptions, calibrator_class
 from ..calibrators.base import FitContext
 from ..calibrators.holdout import Fold
-from ..calibrators.requirements import MORE_DATA_FIX, DataRequirements, check_calibration_data
+from ..calibrators.requirements import (MORE_DATA_FIX, DataRequirements, absent_classes, absent_classes_phrase,
+                                          check_calibration_data)
 from .engine import Engine
 from .families import fit_on_cached_logits
 
@@ -32,7 +34,9 @@ class Scored:
         nll: (N,) float64 held-out NLL of every calibration sample (nats), or None when the candidate was left out.
         reason: why it was left out (None when scored).
         seconds: the wall time of its fits (on all the data, then on the folds).
-        fitted: (calibrator fitted on all the data, its fit summary, its options, the warnings its fit raised), or None.
+        fitted: (calibrator fitted on all the data, its fit summary, its options, the warnings that are the user's only
+            when it is chosen: a head's feature pass's), or None. The warnings its fits raise are said as they happen
+            (:func:`candidate_warnings`).
         scoring: how ``nll`` was scored when not on auto's own folds (Neural Clamping's: its own fit's), else None.
     """
 
@@ -52,15 +56,23 @@ def default_options(method: str, engine: Engine) -> Any:
     return cls.Options(**seeded)
 
 
-def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any, List[warnings.WarningMessage]]:
+def candidate_warnings(method: str, engine: Engine) -> ContextManager[None]:
+    """Around a candidate's fit on all the data: each warning it raises is said at once (on the main process), once,
+    named as the candidate's with the way to leave it out (a long fit's time warning comes before that fit runs).
+    Its fold fits stay silent (:func:`score_folds`): refits of the same method on fewer rows, they would only repeat
+    it K times."""
+    return relayed(f"auto, candidate {method} (name the other candidates in candidates=[...] to leave it out): ", engine.is_main)
+
+
+def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any]:
     """``method`` with its defaults fitted on all the (N, C) ``logits`` and (N,) ``labels`` as a fit of it by name
-    would be; the warnings it raises are kept, not shown (only the chosen method's are the user's)."""
+    would be: (calibrator, fit summary, options). The warnings it raises are said as they happen, named
+    (:func:`candidate_warnings`); its summary's warning lines are the user's only when it is chosen."""
     options = default_options(method, engine)
     calibrator = calibrator_class(method).create(logits.shape[1], options).to(logits.device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with candidate_warnings(method, engine):
         summary = fit_on_cached_logits(calibrator, options, logits, labels, engine)
-    return calibrator, summary, options, list(caught)
+    return calibrator, summary, options
 
 
 def fold_options(options: Any, summary: Dict[str, Any]) -> Optional[Any]:
@@ -107,12 +119,11 @@ def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -
     """Why a method with per-class parameters (a per-class logit map, or a head's output weights) cannot be a
     candidate when classes are absent from the calibration data (None otherwise): no held-out row of an absent class
     exists, so cross-fitting cannot see what the fit does to it."""
-    present = int(torch.unique(labels).numel())
-    cls = calibrator_class(method)
-    if present == num_classes or not (getattr(cls, "requirements", DataRequirements()).per_class or cls.needs_features):
+    absent = absent_classes(labels, num_classes)
+    if not absent or not getattr(calibrator_class(method), "requirements", DataRequirements()).per_class:
         return None
-    return (f"{num_classes - present} of the {num_classes} classes are absent from the calibration data; {method} has "
-            "per-class parameters, and no held-out row can show what it does to those classes")
+    return (f"{absent_classes_phrase(absent, num_classes)}; {method} has per-class parameters, and no held-out row can "
+            "show what it does to those classes")
 
 
 def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold], engine: Engine,
@@ -125,14 +136,14 @@ def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, fol
     if absent is not None:
         return Scored(method, None, absent, 0.0)
     try:
-        fitted = fit_on_all(method, logits, labels, engine)
-        options = fold_options(fitted[2], fitted[1])
-        nll = reference if options is None else cross_fitted_nll(method, options, logits, labels, folds)
+        calibrator, summary, options = fit_on_all(method, logits, labels, engine)
+        fold = fold_options(options, summary)
+        nll = reference if fold is None else cross_fitted_nll(method, fold, logits, labels, folds)
     except ValueError as error:  # InsufficientDataError is one
         if method == REFERENCE:
             raise
         return Scored(method, None, str(error).replace(f" {MORE_DATA_FIX}", ""), time.perf_counter() - start)
-    return Scored(method, nll, None, time.perf_counter() - start, fitted)
+    return Scored(method, nll, None, time.perf_counter() - start, (calibrator, summary, options, []))
 
 
 def score_candidates(methods: Sequence[str], logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],

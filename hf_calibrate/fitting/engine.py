@@ -144,11 +144,14 @@ class Engine:
         return seeded_generator(self.options.seed, *salt)
 
     # ------------------------------------------------------------------ batching
-    def split_indices(self, count: int, holdout_fraction: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    def split_indices(self, count: int, holdout_fraction: float,
+                      groups: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Seeded (fit, holdout) split of ``range(count)`` (:func:`~hf_calibrate.calibrators.holdout.holdout_split`:
         ``round(holdout_fraction · count)`` held out, Python's round half to even, e.g. 10 × 0.25 → 2; none for
-        fraction 0), the same on every process."""
-        return holdout_split(count, holdout_fraction, self.options.seed)
+        fraction 0), the same on every process. With (count,) ``groups``
+        (:func:`~hf_calibrate.calibrators.holdout.content_groups`) a row's copies stay in one part, and the fraction is
+        of the distinct rows."""
+        return holdout_split(count, holdout_fraction, self.options.seed, groups)
 
     def global_batches(self, indices: torch.Tensor, *, shuffle: bool, epoch: int = 0, block: Optional[int] = None) -> List[torch.Tensor]:
         """Batches of ``batch_size`` indices (seeded shuffle), the same for any number of processes (a

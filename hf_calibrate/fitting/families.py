@@ -14,13 +14,16 @@ changes. The calibrators do not import this package (imports flow one way, docs/
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 import torch
 
 from ..backbones import Backbone
 from ..calibrators import Calibrator, HeadCalibrator, NeuralClamping, calibrator_class
-from ..calibrators.base import FitContext, check_fit_logits
+from ..calibrators.base import FitContext, check_fit_logits, chunk_rows
+from ..calibrators.holdout import content_groups, note_repeated_rows
 from ..calibrators.requirements import DataRequirements, check_calibration_data
 from ..data import CalibrationData
 from .engine import Engine
@@ -80,15 +83,70 @@ def fit_on_cached_logits(calibrator: Calibrator, options: Any, logits: torch.Ten
                          engine: Engine) -> Dict[str, Any]:
     """Fit a logit calibrator on the base's (N, C) ``logits`` and (N,) ``labels``: they are checked against the method's
     :class:`~hf_calibrate.calibrators.requirements.DataRequirements` (refused below them, warned about near them),
-    then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's."""
+    then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's, then
+    :func:`interpolation_warning`'s, then how many rows repeat another (``duplicate_rows``: rows of equal logits)."""
     needs = getattr(calibrator, "requirements", DataRequirements())
     checked_labels = check_fit_logits(logits, labels, calibrator.num_classes)
-    data_warnings = check_calibration_data(logits, checked_labels, calibrator.method, needs)
+    groups = content_groups(logits)
+    data_warnings = check_calibration_data(logits, checked_labels, calibrator.method, needs, int(groups.unique().numel()))
     context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main)
     summary = dict(calibrator.fit_logits(logits, labels, options, context))
     summary["fit_samples"] = len(labels)
-    summary["warnings"] = data_warnings + list(summary.get("warnings", []))
-    return summary
+    interpolation = interpolation_warning(calibrator, options, summary, logits, checked_labels)
+    summary["warnings"] = data_warnings + list(summary.get("warnings", [])) + ([interpolation] if interpolation else [])
+    return note_repeated_rows(summary, groups)
+
+
+def interpolation_nll(rows: int) -> float:
+    """The mean NLL (nats) below which a model right on all ``rows`` calibration rows claims more than they show:
+    after ``rows`` correct of ``rows``, Laplace's rule of succession gives the next row a chance of
+    (rows + 1)/(rows + 2) of being right, an NLL of log((rows + 2)/(rows + 1)) ≈ 1/rows."""
+    return math.log((rows + 2) / (rows + 1))
+
+
+def _interpolates(model: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor, labels: torch.Tensor,
+                  device: torch.device) -> Tuple[bool, float]:
+    """(whether ``model`` of the (N, C) ``logits`` classifies every row right with a mean NLL below
+    :func:`interpolation_nll`, that NLL), in chunks of rows (:func:`~hf_calibrate.calibrators.base.chunk_rows`) on
+    ``device``."""
+    total, right = 0.0, True
+    with torch.no_grad():
+        for rows in torch.split(torch.arange(len(labels)), chunk_rows(logits)):
+            outputs = model(logits[rows.to(logits.device)].to(device)).double()
+            truth = labels[rows.to(labels.device)].to(device)
+            total += float(torch.nn.functional.cross_entropy(outputs, truth, reduction="sum"))
+            right = right and bool((outputs.argmax(dim=1) == truth).all())
+    nll = total / len(labels)
+    return right and nll < interpolation_nll(len(labels)), nll
+
+
+def interpolation_warning(calibrator: Calibrator, options: Any, summary: Dict[str, Any], logits: torch.Tensor,
+                          labels: torch.Tensor) -> Optional[str]:
+    """The line saying that a fit interpolates its calibration data, or None: the calibrated model classifies every
+    row right with an in-sample NLL below :func:`interpolation_nll` (surer than that many correct rows can show),
+    where the base model alone did not (temperature scaling keeps T = 1 on such data, and says so itself). A linear
+    map that chose its l2 by cross-fitting also says whether that l2 is the weakest of its grid."""
+    device = next(itertools.chain(calibrator.parameters(), calibrator.buffers()), logits).device
+    fits, nll = _interpolates(calibrator, logits, labels, device)
+    if not fits or _interpolates(torch.nn.Identity(), logits, labels, device)[0]:
+        return None
+    rows = len(labels)
+    return (f"{calibrator.method} fits its calibration data exactly (in-sample NLL {nll:.2g}, all {rows:,} rows correct): "
+            f"it is surer of them than {rows:,} correct rows can show (Laplace's rule of succession gives the next row "
+            f"a chance of {(rows + 1) / (rows + 2):.4f} of being right, an NLL of {interpolation_nll(rows):.2g})"
+            f"{_chosen_strength(options, summary)}; held-out results are what count: compare it with temperature scaling "
+            "on rows it was not fitted on (`hf-calibrate compare` on another split, or method=\"auto\"'s cross-fitted "
+            "scores), or calibrate on more rows.")
+
+
+def _chosen_strength(options: Any, summary: Dict[str, Any]) -> str:
+    """``"; its cross-fitting chose l2 = …, the weakest of its grid (…)"`` for a fit that chose its l2 by
+    cross-fitting among ``options.l2_grid`` (not the weakest, when it is not), else ``""``."""
+    grid, chosen = getattr(options, "l2_grid", None), summary.get("l2")
+    if grid is None or getattr(options, "l2", None) is not None or chosen is None:
+        return ""
+    weakest = "the weakest" if chosen <= min(grid) else "not the weakest"
+    return f"; its cross-fitting chose l2 = {chosen:g}, {weakest} of its grid ({', '.join(f'{value:g}' for value in grid)})"
 
 
 def _fit_clamping(calibrator: NeuralClamping, options: NeuralClamping.Options, inputs: FitInputs) -> Dict[str, Any]:

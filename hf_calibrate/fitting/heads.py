@@ -25,6 +25,8 @@ import torch
 from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, HeadOptions
+from ..calibrators.holdout import content_groups, note_repeated_rows
+from ..calibrators.requirements import check_labels
 from ..calibrators.temperature import fit_inverse_temperature, temperature_warnings
 from ..data import CalibrationData
 from ..metrics.functional import accuracy, expected_calibration_error, negative_log_likelihood
@@ -115,18 +117,22 @@ def fit_head(
     """Train ``calibrator``'s head on cached features; keep the epoch with the lowest validation NLL.
 
     Non-finite inputs or features raise :class:`~hf_calibrate.metrics.NonFiniteError` (naming the
-    samples) before any training.
+    samples) before any training; training labels below the method's ``requirements`` (one class) raise
+    :class:`~hf_calibrate.calibrators.InsufficientDataError`, and absent classes are named in the summary's ``warnings``.
     """
     cache = Path(options.feature_cache_dir) if options.feature_cache_dir else None
     _require_selection_data(calibrator.method, validation, options)
     features, labels = collect_features(backbone, train, engine, description="features (train)", directory=cache)
+    data_warnings = check_labels(labels, calibrator.num_classes, calibrator.method, calibrator.requirements)
     if validation is None:
         summary = fit_head_on_features(backbone, calibrator, options, (features, labels), torch.arange(len(labels)), engine, temperature_data)
-        return {"trained_on": train.description, **summary}
-    held = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
-    summary = _train_and_summarise(backbone, calibrator, options, FeatureStore(features, labels), held, engine)
-    summary["validated_on"] = validation.description
-    return {"trained_on": train.description, **_with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine)}
+    else:
+        held = collect_features(backbone, validation, engine, description="features (validation)", directory=cache)
+        summary = _train_and_summarise(backbone, calibrator, options, FeatureStore(features, labels), held, engine)
+        summary["validated_on"] = validation.description
+        summary = note_repeated_rows(_with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine),
+                                     content_groups(features))
+    return {"trained_on": train.description, **summary, "warnings": data_warnings + summary.get("warnings", [])}
 
 
 def _require_selection_data(method: str, validation: Optional[CalibrationData], options: HeadOptions) -> None:
@@ -138,15 +144,17 @@ def fit_head_on_features(backbone: Backbone, calibrator: HeadCalibrator, options
                          rows: torch.Tensor, engine: Engine, temperature_data: Optional[CalibrationData] = None) -> Dict[str, Any]:
     """Train ``calibrator``'s head on ``rows`` of the cached (features (N, d), labels (N,)), a ``holdout_fraction``
     share of them held out to choose the epoch and, with ``options.temperature``, to fit the temperature (unless
-    ``temperature_data`` are given); the fit summary. ``method="auto"`` calls this once per fold."""
+    ``temperature_data`` are given); the fit summary, with ``duplicate_rows``: rows of equal features (copies of one
+    input) are held out together. ``method="auto"`` calls this once per fold."""
     _require_selection_data(calibrator.method, None, options)
     features, labels = cached
-    train_positions, held_positions = engine.split_indices(len(rows), options.holdout_fraction)
+    groups = content_groups(features)[rows.cpu()]
+    train_positions, held_positions = engine.split_indices(len(rows), options.holdout_fraction, groups)
     train_rows, held_rows = rows[train_positions.cpu()], rows[held_positions.cpu()]
     held = tuple(tensor[held_rows.to(tensor.device)].to(engine.device) for tensor in (features, labels))
     summary = _train_and_summarise(backbone, calibrator, options, FeatureStore(features, labels, train_rows), held, engine)
     summary["validated_on"] = f"{len(held_rows)} held-out samples of the training data"
-    return _with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine)
+    return note_repeated_rows(_with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine), groups)
 
 
 def _with_temperature(summary: Dict[str, Any], backbone: Backbone, calibrator: HeadCalibrator, options: HeadOptions,

@@ -13,7 +13,8 @@ Procedure (docs/design.md §3.2):
 
 1. one forward pass caches the base logits; the selection plan is ``folds`` stratified folds
    (default 2 for 50–10,000 samples), a single ``holdout_fraction`` part, ``validation_data``, or
-   nothing (``holdout_fraction=0`` with one fold);
+   nothing (``holdout_fraction=0`` with one fold); folds and part keep rows of equal base logits (copies
+   of one input) together (:func:`~hf_calibrate.calibrators.holdout.fold_assignment`);
 2. for every (γ, λ, ρ) of the grid, one L-BFGS run per fold on the other folds, in lockstep: after
    each iteration every run scores its held-out fold, and the held-out logits of all runs are
    pooled (every calibration sample is held out once). Iteration 0 is δ = 0 with each run's own
@@ -38,14 +39,11 @@ import torch
 
 from .. import _distributed
 from ..backbones import Backbone
-from ..calibrators.holdout import seeded_generator
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
 
-#: salt of the fold assignment's generator (with the seed and the sample count)
-FOLD_SALT = 0xF01D5
 #: automatic folds: this many when the calibration data hold between the two sizes, else one held-out part
 AUTO_FOLDS, AUTO_FOLDS_SIZES = 2, (50, 10_000)
 
@@ -69,19 +67,6 @@ def resolved_folds(options: NeuralClamping.Options, count: int, has_validation: 
         raise ValueError(f"folds={options.folds} over {count} calibration samples leaves {count // options.folds} per fold, fewer than "
                          f"the {world} processes that share each fold: use fewer folds or more calibration data.")
     return options.folds
-
-
-def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> torch.Tensor:
-    """Fold number (0 … folds − 1) of every sample: a seeded shuffle, then each class dealt out in turn.
-
-    Fold sizes differ by at most one, and each class's samples spread over the folds as evenly.
-    """
-    count = len(labels)
-    permutation = torch.randperm(count, generator=seeded_generator(seed, count, FOLD_SALT))
-    order = permutation[torch.sort(labels.cpu()[permutation], stable=True).indices]
-    assignment = torch.empty(count, dtype=torch.long)
-    assignment[order] = torch.arange(count) % folds
-    return assignment
 
 
 @dataclasses.dataclass

@@ -12,13 +12,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..backbones import Backbone
-from ..calibrators.holdout import paired_difference, shown_below_zero
+from ..calibrators.holdout import content_groups, fold_assignment, note_repeated_rows, paired_difference, shown_below_zero
 from ..calibrators.neural_clamping import NeuralClamping
+from ..calibrators.requirements import warn_if_probabilities
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
 from . import stepwise_lbfgs
 from .engine import Engine
-from .nc_lbfgs import Objective, Penalty, Run, join_theta, lockstep, resolved_folds, score_run, stratified_folds
+from .nc_lbfgs import Objective, Penalty, Run, join_theta, lockstep, resolved_folds, score_run
 from .nc_start import holdout_scores, initial_delta, require_rereadable
 
 
@@ -105,14 +106,18 @@ class Fit:
 
 def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralClamping, options: NeuralClamping.Options,
                  engine: Engine, validation: Optional[CalibrationData] = None) -> Dict[str, Any]:
-    """Fit ``calibrator`` (δ, log T) in place by cross-fitted L-BFGS; return the fit summary."""
+    """Fit ``calibrator`` (δ, log T) in place by cross-fitted L-BFGS; return the fit summary (with ``duplicate_rows``:
+    the folds or hold-out keep rows of equal base logits together, and fewer distinct rows than folds make fewer folds)."""
     require_rereadable(data, validation)
     logits, labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
     if engine.is_main:
+        warn_if_probabilities(logits)
         warn_if_without_minimum(fit_inverse_temperature(logits, labels)[0], logits, labels,
                                 "the base model's logits over the calibration data", CALIBRATION_DATA_FIX)
+    groups = content_groups(logits)
     folds = resolved_folds(options, len(data), validation is not None, engine.world)
-    parts = _parts(backbone, data, validation, logits, labels, folds, options, engine)
+    parts = _parts(backbone, data, validation, (logits, labels, groups), folds, options, engine)
+    folds = len(parts)  # fewer distinct rows than folds make fewer folds
     grid = [GridPoint(gamma, weight, ridge) for gamma in options.gamma for weight in options.delta_weight for ridge in options.ridge]
     if len(grid) > 1 and not len(parts[0].held):
         raise ValueError("selecting among several gamma/delta_weight/ridge values needs held-out data: folds > 1, "
@@ -121,22 +126,27 @@ def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralCl
     with engine.progress(len(grid) * len(parts) * options.max_iterations + refit_iterations, "Neural Clamping (L-BFGS)") as bar:
         fit = Fit(backbone, data, calibrator, options, engine, bar)
         if not len(parts[0].held):
-            return _fit_without_selection(fit, parts[0], logits, labels)
-        return _cross_fit_and_choose(fit, parts, grid, logits, labels, folds)
+            summary = _fit_without_selection(fit, parts[0], logits, labels)
+        else:
+            summary = _cross_fit_and_choose(fit, parts, grid, logits, labels, folds)
+    return note_repeated_rows(summary, groups)
 
 
-def _parts(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], logits: torch.Tensor,
-           labels: torch.Tensor, folds: int, options: NeuralClamping.Options, engine: Engine) -> List[Part]:
-    """The runs' rows: one per fold, one held-out part, the validation data, or all rows and nothing held out."""
+def _parts(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData],
+           base: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], folds: int, options: NeuralClamping.Options, engine: Engine) -> List[Part]:
+    """The runs' rows: one per fold, one held-out part, the validation data, or all rows and nothing held out. ``base``:
+    the base's (N, C) logits, (N,) labels and (N,) content groups of the calibration data; a row's copies stay in one
+    part, and fewer distinct rows than ``folds`` make as many folds as there are distinct rows."""
+    logits, labels, groups = base
     if validation is not None:
         held_logits, held_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
         return [Part(torch.arange(len(data)), torch.arange(len(validation)), validation, held_logits, held_labels)]
     if folds == 1:
-        train, held = engine.split_indices(len(data), options.holdout_fraction)
+        train, held = engine.split_indices(len(data), options.holdout_fraction, groups)
         return [Part(train, held, data, logits[held.to(logits.device)], labels[held.to(labels.device)])]
-    assignment = stratified_folds(labels, folds, engine.options.seed)
+    assignment = fold_assignment(labels, folds, engine.options.seed, groups)
     parts = []
-    for fold in range(folds):
+    for fold in range(int(assignment.max()) + 1):
         held = torch.nonzero(assignment == fold).flatten()
         train = torch.nonzero(assignment != fold).flatten()
         parts.append(Part(train, held, data, logits[held.to(logits.device)], labels[held.to(labels.device)]))
@@ -184,7 +194,8 @@ def _cross_fit_and_choose(fit: Fit, parts: List[Part], grid: List[GridPoint], lo
                 choice = Choice(score, point, iteration, torch.cat([run.scored[iteration] for run in runs]).cpu(),
                                 torch.stack([run.snapshots[iteration] for run in runs]).mean(0), record)
     summary = _summary(fit, folds, len(parts[0].train) if folds == 1 else len(labels), len(held_labels), logits, labels)
-    selection = _paired_difference(choice, baseline_logits, held_labels)
+    held_groups = content_groups(torch.cat([part.held_logits for part in parts]))  # a row and its copies: one sample
+    selection = _paired_difference(choice, baseline_logits, held_labels, held_groups)
     if options.require_significant_gain and not _significant(selection):
         selection["kept_delta"], choice = False, Choice()
     _hand_over_held_out(fit, parts, choice, baseline_logits, held_labels)
@@ -235,11 +246,12 @@ def _row_differences(choice: Choice, baseline_logits: torch.Tensor, labels: torc
     return ce(choice.pooled.double(), labels, reduction="none") - ce(baseline_logits.double(), labels, reduction="none")
 
 
-def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
-    """The pooled held-out NLL of the choice minus TS's, per sample, with its 95 % normal interval (None: no choice)."""
+def _paired_difference(choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> Dict[str, Any]:
+    """The pooled held-out NLL of the choice minus TS's, per sample, with its 95 % normal interval (None: no choice);
+    ``groups``: the held rows' content ids (a row and its copies are one sample)."""
     if choice.pooled is None:
         return {"nll_difference": None}
-    return {"nll_difference": paired_difference(_row_differences(choice, baseline_logits, labels))}
+    return {"nll_difference": paired_difference(_row_differences(choice, baseline_logits, labels), groups)}
 
 
 def _hand_over_held_out(fit: Fit, parts: List[Part], choice: Choice, baseline_logits: torch.Tensor, labels: torch.Tensor) -> None:

@@ -29,7 +29,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
+from ..calibrators.holdout import content_groups, note_repeated_rows
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
+from ..calibrators.requirements import warn_if_probabilities
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
 from ..data import CalibrationData
 from .. import _distributed
@@ -156,10 +158,10 @@ def _fit(
             if not has_holdout:
                 best.offer(-math.inf, record, delta, log_t)
 
-    summary: Dict[str, Any] = {
+    summary = note_repeated_rows({
         "optimizer": "sgd", "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
         "steps_per_epoch": steps, "temperature_scaling": {"temperature": 1.0 / beta}, "history": history,
-    }
+    }, start.groups)
     return _keep_best_or_fall_back(calibrator, best, start, options, summary)
 
 
@@ -241,6 +243,7 @@ class _Start:
     beta: float  # 1/T of temperature scaling on the fitting part
     fallback_log_t: torch.Tensor  # log T if δ does not help: TS on all the calibration data (fitting and held-out parts)
     baseline_scores: Optional[Dict[str, float]]  # that TS's held-out scores (None: nothing held out)
+    groups: torch.Tensor  # (N,) content ids of the calibration rows' base logits: a row's copies are held out together
 
 
 def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: NeuralClamping.Options, engine: Engine) -> _Start:
@@ -248,8 +251,9 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
     device = engine.device
     require_rereadable(data, validation)
     all_logits, all_labels = engine.collect_logits(backbone, data, description="base logits", keep_inputs=True)
+    groups = content_groups(all_logits)
     if validation is None:
-        fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction)
+        fit_indices, holdout_indices = engine.split_indices(len(data), options.holdout_fraction, groups)
         validation = data
         holdout_logits, holdout_labels = all_logits[holdout_indices.to(device)], all_labels[holdout_indices.to(device)]
     else:
@@ -259,6 +263,7 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
     fit_logits, fit_labels = all_logits[fit_indices.to(device)], all_labels[fit_indices.to(device)]
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
     if engine.is_main:
+        warn_if_probabilities(all_logits)
         warn_if_without_minimum(beta, fit_logits, fit_labels, "the base model's logits over the fitting part of the calibration data (the rows not held out)",
                                 CALIBRATION_DATA_FIX)
     fallback_log_t, baseline_scores = torch.tensor(-math.log(beta), device=device), None
@@ -267,7 +272,7 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
             all_beta = temperature_method_beta(all_logits, all_labels)
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
-    return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores)
+    return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores, groups)
 
 
 def _start_log_temperature(options: NeuralClamping.Options, ts_log_t: torch.Tensor) -> torch.Tensor:

@@ -248,6 +248,17 @@ def _limitations(record: Dict[str, Any]) -> List[str]:
     return items
 
 
+def _duplicates(record: Dict[str, Any]) -> Optional[str]:
+    """The sentence saying how many calibration samples repeat another (the fit summary's ``duplicate_rows``), or None
+    when none does (or the record predates the count)."""
+    repeated = (record["fit"].get("summary") or {}).get("duplicate_rows")
+    if not repeated:
+        return None
+    total = record["fit"]["num_samples"]
+    return (f"{repeated:,} of these {total:,} samples repeat another one, leaving {total - repeated:,} distinct; every "
+            "choice made on held-out samples kept each sample's copies together.")
+
+
 def card_title(record: Dict[str, Any], location: Optional[str | os.PathLike] = None) -> str:
     """The card's title: the repo's name, else the folder's, else the base model's name and the method."""
     if location is not None:
@@ -359,6 +370,7 @@ def render_card(
         fitted=reporting.fitted_text(record["method"], record["fit"].get("summary") or {}),
         fit=fit,
         calibration_dataset=fit.get("dataset_name") or fit.get("dataset"),
+        duplicates=_duplicates(record),
         results=_results(evaluation),
         diagram=diagram,
         usage=usage,

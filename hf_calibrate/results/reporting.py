@@ -317,7 +317,9 @@ def _budget_text(choice: Mapping[str, Any]) -> Optional[str]:
 def auto_table(summary: Mapping[str, Any]) -> Optional[str]:
     """The markdown table of ``method="auto"``'s candidates: held-out NLL (nats per sample, every calibration sample
     scored by a fit that did not see it), its paired difference to temperature scaling with the 95 % interval, the
-    seconds of its fits, and whether it was chosen or why it was left out (None when the fit was not ``auto``)."""
+    seconds of its fits, and whether it was chosen or why it was left out, with the evidence of the rule's last step:
+    the lowest held-out NLL of those that beat temperature scaling, and each compared candidate's paired difference
+    to it (None when the fit was not ``auto``)."""
     choice = summary.get("auto")
     if not choice:
         return None
@@ -339,7 +341,19 @@ def _auto_status(row: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
         return ("its fit fell back to temperature scaling (δ did not help on its held-out folds)" if row["method"] == "neural_clamping"
                 else "its l2 selection chose temperature scaling itself")
     status = "**chosen**" if row["method"] == choice["chosen"] else ""
-    return "; ".join(filter(None, [status, row.get("scored_by")]))
+    return "; ".join(filter(None, [status, _versus_best_text(row, choice), row.get("scored_by")]))
+
+
+def _versus_best_text(row: Mapping[str, Any], choice: Mapping[str, Any]) -> Optional[str]:
+    """The rule's last step in a candidate's row, where it compared candidates: the lowest held-out NLL of those that
+    beat temperature scaling, or the paired difference to it of a candidate compared with it, and whether that shows
+    it worse (None otherwise)."""
+    best, versus = choice.get("best"), row.get("versus_best")
+    if versus is not None:
+        verdict = "not shown worse, and simpler" if row["method"] == choice["chosen"] else "shown worse, passed over"
+        return f"minus {best}: {versus['point']:+.4f} {interval_text(versus, signed=True)}, {verdict}"
+    compared = any(other.get("versus_best") for other in choice["candidates"])
+    return "the lowest held-out NLL of those that beat temperature scaling" if compared and row["method"] == best else None
 
 
 # ----------------------------------------------------------------------------- numbers with their uncertainty

@@ -276,7 +276,7 @@ def _two_classifier_layers() -> nn.Module:
 def _auto_choosing(monkeypatch, method: str):
     """auto's rule, with its choice replaced by ``method`` (to reach what a chosen head gives, whatever its score)."""
     real = auto.choose
-    monkeypatch.setattr(auto, "choose", lambda scored: dataclasses.replace(real(scored), method=method))
+    monkeypatch.setattr(auto, "choose", lambda scored, groups=None: dataclasses.replace(real(scored, groups), method=method))
 
 
 def test_a_head_chosen_by_auto_is_its_fit_by_name_on_the_layer_auto_was_told(monkeypatch):

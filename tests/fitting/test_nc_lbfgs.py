@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators.base import InvalidOptionError
+from hf_calibrate.calibrators.holdout import fold_assignment
 from hf_calibrate.calibrators.neural_clamping import NeuralClamping
 from hf_calibrate.fitting import stepwise_lbfgs
-from hf_calibrate.fitting.nc_lbfgs import Penalty, resolved_folds, stratified_folds
+from hf_calibrate.fitting.nc_lbfgs import Penalty, resolved_folds
 
 
 def _quadratic(matrix: torch.Tensor, target: torch.Tensor):
@@ -62,8 +63,8 @@ def test_lbfgs_first_step_is_cautious_and_a_minimum_is_converged():
 def test_folds_are_balanced_per_class_and_seeded(labels, folds, seed):
     labels = torch.tensor(labels)
     folds = min(folds, len(labels))
-    assignment = stratified_folds(labels, folds, seed)
-    assert torch.equal(assignment, stratified_folds(labels, folds, seed))
+    assignment = fold_assignment(labels, folds, seed)
+    assert torch.equal(assignment, fold_assignment(labels, folds, seed))
     sizes = torch.bincount(assignment, minlength=folds)
     assert int(sizes.max() - sizes.min()) <= 1
     for label in labels.unique():
