@@ -62,15 +62,56 @@ def holdout_split(count: int, holdout_fraction: float, seed: int,
     return (~held).nonzero().squeeze(1), held.nonzero().squeeze(1)
 
 
+#: rows whose values all agree within this fraction of the row's largest magnitude (or 4 machine epsilons of their
+#: dtype, when more) are one input: the same input run in a batch of another size, or on another device, gives logits
+#: that differ in their last bits
+NEAR_TOLERANCE = 1e-4
+#: how many neighbours along a random projection each distinct row is compared with
+NEAR_NEIGHBOURS = 4
+
+
 def content_groups(rows: torch.Tensor) -> torch.Tensor:
-    """(N,) int64 content id of each row of ``rows`` (N, ...) (logits or features, any dtype): rows of equal bytes
-    share an id, found by a 16-byte BLAKE2b digest of each row's bytes (as :mod:`hf_calibrate.data.lineage` digests
-    dataset rows), read in chunks of about :data:`GROUP_CHUNK_BYTES` (rows on any device, or memory-mapped)."""
+    """(N,) int64 content id of each row of ``rows`` (N, ...) (logits or features, any dtype): rows equal up to
+    :data:`NEAR_TOLERANCE` share an id.
+
+    Rows of equal bytes are found by a 16-byte BLAKE2b digest of each row (as :mod:`hf_calibrate.data.lineage`
+    digests dataset rows), read in chunks of about :data:`GROUP_CHUNK_BYTES`; then the distinct rows are sorted along
+    a fixed random projection, where near-equal rows fall side by side, and each is compared with its
+    :data:`NEAR_NEIGHBOURS` next ones (:func:`_near_pairs`); near-equal rows and their chains share an id.
+    """
     flat = rows.detach().reshape(len(rows), -1)
     per_chunk = max(1, GROUP_CHUNK_BYTES // max(1, flat.shape[1] * flat.element_size()))
     digests = np.array([hashlib.blake2b(row.tobytes(), digest_size=16).digest() for chunk in flat.split(per_chunk)
                         for row in chunk.cpu().contiguous().view(torch.uint8).numpy()], dtype="S16")
-    return torch.from_numpy(np.unique(digests, return_inverse=True)[1].reshape(-1).astype(np.int64))
+    _, first, exact = np.unique(digests, return_index=True, return_inverse=True)
+    distinct = flat[torch.from_numpy(first)].cpu()
+    tolerance = max(NEAR_TOLERANCE, 4 * torch.finfo(flat.dtype).eps) if flat.is_floating_point() else 0.0
+    pairs = _near_pairs(distinct, tolerance) if len(distinct) > 1 else np.empty((0, 2), dtype=np.int64)
+    if not len(pairs):
+        return torch.from_numpy(exact.reshape(-1).astype(np.int64))
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(distinct), len(distinct)))
+    near = connected_components(graph, directed=False)[1]
+    return torch.from_numpy(np.unique(near, return_inverse=True)[1][exact.reshape(-1)].astype(np.int64))
+
+
+def _near_pairs(distinct: torch.Tensor, tolerance: float) -> np.ndarray:
+    """(P, 2) index pairs of the (G, D) ``distinct`` rows that agree within ``tolerance`` × (the larger of their
+    largest magnitudes, at least 1e-12): each row against its :data:`NEAR_NEIGHBOURS` next ones along a seeded random
+    projection (rows equal up to rounding project to nearly the same point)."""
+    values = distinct.double()
+    direction = torch.randn(values.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    order = torch.argsort(values @ direction)
+    scale = values.abs().amax(dim=1).clamp_min(1e-12)
+    found = []
+    for shift in range(1, min(NEAR_NEIGHBOURS, len(order) - 1) + 1):
+        left, right = order[:-shift], order[shift:]
+        gap = (values[left] - values[right]).abs().amax(dim=1)
+        close = gap <= tolerance * torch.maximum(scale[left], scale[right])
+        found.append(torch.stack([left[close], right[close]], dim=1))
+    return torch.cat(found).numpy()
 
 
 def repeated_rows(groups: torch.Tensor) -> int:

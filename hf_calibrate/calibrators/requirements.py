@@ -115,16 +115,24 @@ PROBABILITY_SUM_TOLERANCE = 1e-2
 
 
 def probability_warnings(logits: torch.Tensor) -> List[str]:
-    """A line when every row of the (N, C) ``logits`` is non-negative and sums to 1 (within
-    :data:`PROBABILITY_SUM_TOLERANCE`): the model's forward ends in a softmax. Else none."""
-    sums = logits.sum(dim=1, dtype=torch.float64)
-    if float(logits.amin()) < 0 or float((sums - 1).abs().max()) > PROBABILITY_SUM_TOLERANCE:
+    """A line when the (N, C) ``logits`` look like probabilities: every row non-negative and summing to 1 (within
+    :data:`PROBABILITY_SUM_TOLERANCE`, more for many classes in a low precision: C · 2⁻¹⁰), the model's forward ends in
+    a softmax; or (C ≥ 2) every value within [0, 1] with rows that do not sum to 1, a sigmoid. Else none."""
+    if float(logits.amin()) < 0 or float(logits.amax()) > 1 or logits.shape[1] < 2:
         return []
-    return [f"the model's outputs look like probabilities, not logits: all {logits.shape[0]:,} calibration rows are "
-            "non-negative and sum to 1, so its forward ends in a softmax, and every method would calibrate softmax(p), a "
-            "flattened copy of its probabilities p, instead of its logits. Calibrate the model without its final softmax "
-            "(so that it returns its logits), or make it return log-probabilities (log_softmax in place of softmax, or the "
-            "log of its outputs): those are the logits up to a per-row constant, which softmax ignores."]
+    sums = logits.sum(dim=1, dtype=torch.float64)
+    tolerance = max(PROBABILITY_SUM_TOLERANCE, logits.shape[1] * 2.0 ** -10)
+    fix = ("Calibrate the model without its final {0} (so that it returns its logits){1}.")
+    if float((sums - 1).abs().max()) <= tolerance:
+        return [f"the model's outputs look like probabilities, not logits: all {logits.shape[0]:,} calibration rows are "
+                "non-negative and sum to 1, so its forward ends in a softmax, and every method would calibrate softmax(p), "
+                "a flattened copy of its probabilities p, instead of its logits. " + fix.format(
+                    "softmax", ", or make it return log-probabilities (log_softmax in place of softmax, or the log of its "
+                    "outputs): those are the logits up to a per-row constant, which softmax ignores")]
+    return [f"the model's outputs look like per-class probabilities, not logits: all {logits.numel():,} values of the "
+            f"{logits.shape[0]:,} calibration rows lie within [0, 1], so its forward likely ends in a sigmoid, and every "
+            "method would read them as logits of a softmax over squashed scores. " + fix.format(
+                "sigmoid", ", or make it return the sigmoid's input (the log-odds)")]
 
 
 def warn_if_probabilities(logits: torch.Tensor) -> None:

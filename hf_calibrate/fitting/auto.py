@@ -234,7 +234,8 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     if len(folds) < options.folds:
         distinct = "" if len(folds) == len(labels) else " that differ (a row and its copies go together)"
         summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(folds)} "
-                               f"calibration rows{distinct}; {len(folds)} folds were used (one row held out in each)."]
+                               f"calibration rows{distinct}; {len(folds)} folds were used (one "
+                               f"{'row' if not distinct else 'distinct row and its copies'} held out in each)."]
     summary["auto"] = auto_record(scored, choice, logits, labels, len(folds), groups)
     summary["auto"].update(budget=options.budget, neural_clamping_estimate=estimate, options=options_to_dict(options))
     engine.broadcast_module(calibrator)

@@ -74,6 +74,17 @@ def test_probabilities_given_as_logits_are_named_with_the_fix_and_log_probabilit
         assert calibrated.calibrator.temperature.item() == pytest.approx(reference.calibrator.temperature.item(), rel=1e-4)
 
 
+def test_sigmoid_outputs_are_named_with_the_fix():
+    """A model ending in a sigmoid: every value in [0, 1], rows not summing to 1; said, naming the fix (the log-odds)."""
+    x = torch.randn(120, 6, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, 4, (120,), generator=torch.Generator().manual_seed(2))
+    calibrated, said = fit_warnings(ending_in(nn.Sigmoid()), TensorDataset(x, labels), "temperature")
+    (line,) = [text for text in said if "per-class probabilities" in text]
+    assert "without its final sigmoid" in line and "log-odds" in line
+    _, said = fit_warnings(ending_in(nn.Identity()), TensorDataset(x, labels), "temperature")
+    assert not any("probabilities" in text for text in said)
+
+
 @pytest.mark.parametrize("scale, bound", [(1e30, "T = 1000 is at its bound"), (1e-6, "T = 0.001 is at its bound")])
 def test_temperature_at_its_bound_on_rescaled_logits_names_the_scale(scale, bound):
     """Logits × 1e30 (or × 1e-6) put T at its bound with the median row still spanning far more (less) than a model's

@@ -158,8 +158,10 @@ MAX_LENGTH = 64
 
 @pytest.fixture(scope="module")
 def bbc(bbc_minilm):
-    """(model, tokenizer, the first TEXTS calibration rows as a datasets.Dataset of raw text)."""
-    return bbc_minilm.model, bbc_minilm.preprocessor, bbc_minilm.dataset["calibration"].select(range(TEXTS))
+    """(model, tokenizer, TEXTS calibration rows spread over the split, so over its classes (the split is in label
+    order, and a head refuses data of one class), as a datasets.Dataset of raw text)."""
+    calibration = bbc_minilm.dataset["calibration"]
+    return bbc_minilm.model, bbc_minilm.preprocessor, calibration.select(range(0, len(calibration), len(calibration) // TEXTS)[:TEXTS])
 
 
 TEXT_FORMS = (
