@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -265,6 +266,17 @@ def enlarge_delta(calibrated: Any, seed: int = 0, scale: float = 0.2) -> None:
     selected = calibrated.fit_summary.get("selected")
     if isinstance(selected, dict) and "delta_norm" in selected:  # the record states ‖δ‖₂, and loading checks it
         selected["delta_norm"] = float(delta.detach().double().norm())
+
+
+def set_temperature(calibrated: Any, temperature: float) -> None:
+    """Give a fitted calibration the temperature ``temperature``, and its summary the same (the record states T, and
+    loading checks it against the tensors)."""
+    with torch.no_grad():
+        calibrated.calibrator.log_temperature.fill_(math.log(temperature))
+    selected = calibrated.fit_summary.get("selected")
+    holder = selected if isinstance(selected, dict) and "temperature" in selected else calibrated.fit_summary
+    if "temperature" in holder:
+        holder["temperature"] = temperature
 
 
 def logits_of(model: nn.Module, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:

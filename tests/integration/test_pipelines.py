@@ -16,7 +16,6 @@ the same preprocessed input (to 1e-6), and differ from the uncalibrated softmax.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List
 
 import pytest
@@ -53,8 +52,7 @@ def case(request) -> Dict[str, Any]:
     preprocessor = _preprocessor(kind, base, default_preprocessor)
     calibrated = tm.fit(base, data, "neural_clamping", preprocessor=preprocessor)
     tm.enlarge_delta(calibrated, scale=0.1)
-    with torch.no_grad():
-        calibrated.calibrator.log_temperature.fill_(math.log(TEMPERATURE))
+    tm.set_temperature(calibrated, TEMPERATURE)
     raw = tm.sentences(4, seed=11) if kind == "bert" else tm.pil_images(4, seed=11)
     expected, uncalibrated = [], []
     for inputs in _model_inputs(kind, preprocessor, raw):
