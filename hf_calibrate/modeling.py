@@ -27,6 +27,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification, PreTrainedModel
 
 from . import model_evaluation
+from ._probabilities import LOGITS
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .configuration import TASKS, CalibratedConfig
@@ -204,10 +205,17 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     def _from_fit(cls, model: nn.Module, fitted: FittedCalibration) -> "CalibratedModel":
         """The model of ``fitted`` (:func:`~hf_calibrate.fitting.calibrate.fit_calibration`'s result) over the base ``model``."""
         calibrated = cls(fitted.config, model, fitted.calibrator).eval()
-        calibrated.fit_summary, calibrated.provenance = fitted.summary, fitted.provenance
+        calibrated.fit_summary = fitted.summary
+        calibrated._set_provenance(fitted.provenance)
         calibrated.preprocessor, calibrated._fitted_data = fitted.preprocessor, fitted.fitted_data
         calibrated._fitted_rows = fitted.fitted_rows
         return calibrated
+
+    def _set_provenance(self, provenance: Dict[str, Any]) -> None:
+        """Keep ``provenance`` (what the fit ran on and with); the base's outputs are read as its ``input_contract``
+        records them (``"probabilities"``: through their log, :class:`~hf_calibrate.backbones.Backbone`'s ``outputs``)."""
+        self.provenance = provenance
+        self.backbone.outputs = (provenance.get("input_contract") or {}).get("outputs") or LOGITS
 
     def fallback_note(self) -> Optional[str]:
         """The sentence saying this Neural Clamping fit fell back to temperature scaling, or None when it did not."""
@@ -276,7 +284,8 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     def _from_parts(cls, parts: SavedParts) -> "CalibratedModel":
         """The model of a verified saved folder (:func:`hf_calibrate.serialization.record.load_parts`' result)."""
         model = cls(CalibratedConfig(**parts.config), parts.base, parts.calibrator)
-        model.fit_summary, model.provenance, model.last_evaluation = parts.fit_summary, parts.provenance, parts.evaluation
+        model.fit_summary, model.last_evaluation = parts.fit_summary, parts.evaluation
+        model._set_provenance(parts.provenance)
         model.preprocessor = parts.preprocessor
         return model
 

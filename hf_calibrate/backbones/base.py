@@ -21,6 +21,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from .._errors import UserError
+from .._probabilities import LOGITS, PROBABILITIES, as_logits, rows_not_softmax
+from ..metrics._checks import describe_positions
+
 Inputs = Dict[str, Any]
 
 
@@ -64,6 +68,8 @@ class Backbone(ABC):
     modality: str  # "image" | "text" | "tensor"
     delta_space: str  # "pixel_values" | "inputs_embeds" | "input"
     input_key: str  # keyword that carries the main input in a batch
+    #: what the base returns: LOGITS, or PROBABILITIES (its forward ends in a softmax; :meth:`check_logits` reads their log)
+    outputs: str = LOGITS
 
     def __init__(self, model: nn.Module, classifier: Optional[str] = None) -> None:
         self.model = model
@@ -241,8 +247,9 @@ class Backbone(ABC):
     def check_classifier_output(self, output: Optional[torch.Tensor], logits: torch.Tensor) -> None:
         """Raise :class:`ClassifierLayerError` unless the classifier layer's ``output`` of a batch (None: the layer was
         not called) is the model's (N, C) ``logits`` of it: a head replacing a layer the model transforms further would be trained and scored
-        on the wrong outputs."""
-        if output is not None and output.shape == logits.shape and torch.allclose(output.float(), logits.float(), rtol=1e-3, atol=1e-4, equal_nan=True):
+        on the wrong outputs. A model whose outputs are probabilities (``outputs``) ends in a softmax of that output:
+        the softmax is compared with the probabilities, within a bfloat16 softmax's rounding."""
+        if output is not None and output.shape == logits.shape and self._gives(output, logits):
             return
         name = self.classifier_name
         layers = [candidate for candidate in self.classifier_candidates() if candidate != name]
@@ -255,6 +262,12 @@ class Backbone(ABC):
             f"layer whose output is the logits with classifier=... (other nn.Linear layers of one output per class: "
             f"{layers or 'none'}), or use a method that needs no classifier layer (e.g. temperature)."
         )
+
+    def _gives(self, output: torch.Tensor, logits: torch.Tensor) -> bool:
+        """Whether the classifier layer's (N, C) ``output`` is what the model returns (its ``logits``, as read)."""
+        if self.outputs == PROBABILITIES:
+            return torch.allclose(torch.softmax(output.float(), dim=1), logits.float().exp(), rtol=1e-2, atol=1e-3, equal_nan=True)
+        return torch.allclose(output.float(), logits.float(), rtol=1e-3, atol=1e-4, equal_nan=True)
 
     # ------------------------------------------------------------------ checks
     def check_logits(self, logits: Any) -> torch.Tensor:
@@ -270,7 +283,21 @@ class Backbone(ABC):
                 f"{type(self.model).__name__} returned {logits.shape[1]} logits per sample but "
                 f"declares {expected} classes."
             )
-        return logits
+        return self._read_probabilities(logits) if self.outputs == PROBABILITIES else logits
+
+    def _read_probabilities(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """log p of a batch of (N, C) softmax ``probabilities`` (the logits up to a per-row constant); a UserError when
+        some row is not a softmax's (the calibration was fitted on a model whose outputs are)."""
+        rows = rows_not_softmax(probabilities.detach())
+        if rows:
+            raise UserError(
+                f"{type(self.model).__name__}'s outputs were calibrated as probabilities (its forward ended in a softmax: "
+                f"the calibration data's outputs were non-negative and summed to 1), but row(s) {describe_positions(rows)} "
+                "of this batch are not. If the model returns logits (its first calibration rows only looked like "
+                "probabilities), fit with base_outputs='logits'; else use the calibration with the model it was fitted "
+                "on, or fit it again on this model."
+            )
+        return as_logits(probabilities)
 
     def check_delta(self, target: torch.Tensor, delta: torch.Tensor, per_sample_dims: int) -> None:
         """Raise a clear error when δ does not fit the per-sample part of ``target``.

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .._probabilities import at_floor
 from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES, no_interval_reason
 
 #: salt of the hold-out split's generator (with the seed and the sample count)
@@ -77,8 +78,21 @@ def content_groups(rows: torch.Tensor) -> torch.Tensor:
     Rows of equal bytes are found by a 16-byte BLAKE2b digest of each row (as :mod:`hf_calibrate.data.lineage`
     digests dataset rows), read in chunks of about :data:`GROUP_CHUNK_BYTES`; then the distinct rows are sorted along
     a fixed random projection, where near-equal rows fall side by side, and each is compared with its
-    :data:`NEAR_NEIGHBOURS` next ones (:func:`_near_pairs`); near-equal rows and their chains share an id.
+    :data:`NEAR_NEIGHBOURS` next ones (:func:`_near_pairs`); near-equal rows and their chains share an id. A row of
+    the log of a softmax that underflowed (:func:`hf_calibrate._probabilities.at_floor`) has an id of its own: a model
+    sure of many inputs gives them equal outputs, which are not copies of one input.
     """
+    groups = _equal_content(rows)
+    alone = at_floor(rows.detach()).cpu()
+    if not bool(alone.any()):
+        return groups
+    groups = groups.clone()
+    groups[alone] = int(groups.max()) + 1 + torch.arange(int(alone.sum()))
+    return torch.from_numpy(np.unique(groups.numpy(), return_inverse=True)[1].reshape(-1).astype(np.int64))
+
+
+def _equal_content(rows: torch.Tensor) -> torch.Tensor:
+    """:func:`content_groups` before rows at the floor are set apart: equal and near-equal rows share an id."""
     flat = rows.detach().reshape(len(rows), -1)
     per_chunk = max(1, GROUP_CHUNK_BYTES // max(1, flat.shape[1] * flat.element_size()))
     digests = np.array([hashlib.blake2b(row.tobytes(), digest_size=16).digest() for chunk in flat.split(per_chunk)
@@ -132,6 +146,27 @@ def note_repeated_rows(summary: Dict[str, Any], groups: torch.Tensor) -> Dict[st
         summary["warnings"] = [*summary.get("warnings", []), (
             f"the calibration data hold {repeated:,} rows that repeat another row ({distinct:,} distinct of {count:,}): "
             f"{rule}; remove the copies unless the data the model will see repeat rows alike.")]
+    return summary
+
+
+def rows_repeating(reference: torch.Tensor, rows: torch.Tensor) -> int:
+    """How many of the (M, ...) ``rows`` repeat a row of the (N, ...) ``reference`` (equal up to rounding, as
+    :func:`content_groups` groups them)."""
+    groups = content_groups(torch.cat([reference.detach().to(rows.device, rows.dtype), rows.detach()]))
+    return int(torch.isin(groups[len(reference):], groups[: len(reference)]).sum())
+
+
+def note_validation_copies(summary: Dict[str, Any], copies: int, validation_rows: int, what: str = "base logits") -> Dict[str, Any]:
+    """``summary`` with ``validation_copies``: how many of the ``validation_rows`` repeat a calibration row (their
+    ``what`` equal up to rounding, :func:`rows_repeating`), and, when some do, a line in its ``warnings``: those rows
+    are not held out."""
+    summary["validation_copies"] = copies
+    if copies:
+        summary["warnings"] = [*summary.get("warnings", []), (
+            f"{copies:,} of the {validation_rows:,} validation rows repeat a calibration row (equal {what} up to "
+            "rounding): for those rows the selection on the validation data is not held out, and it favours what fits "
+            "the calibration rows. Remove them from validation_data, or leave validation_data out so that the fit holds "
+            "out rows itself (keeping a row's copies together).")]
     return summary
 
 

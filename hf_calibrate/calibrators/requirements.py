@@ -8,9 +8,10 @@ the method has per-class parameters (naming them), it is fitted with a warning; 
 applies the same rule to the labels alone (the head methods, which see features, not logits).
 :func:`check_calibration_data` also names rows whose logits are far larger than the others' (a
 corrupted input, e.g. one pixel of 1e6): a handful of such rows decides a temperature alone; and
-says when every row is non-negative and sums to 1 — the model ends in a softmax, and its
+says when every value lies in [0, 1] — the model likely ends in a sigmoid, and its per-class
 probabilities would be calibrated as if they were logits (Neural Clamping, whose fit is not on cached
-logits alone, says so as it fits: :func:`warn_if_probabilities`). Log-probabilities (a final log_softmax,
+logits alone, says so as it fits: :func:`warn_if_probabilities`). A model ending in a softmax is read
+through the log of its probabilities (:mod:`hf_calibrate._probabilities`). Log-probabilities (a final log_softmax,
 rows whose logsumexp is 0) are not warned about: they are the logits up to a per-row constant, which
 softmax ignores — temperature scaling, Dirichlet, structured vector scaling and the binning methods
 fit them exactly as the logits, and vector and matrix scaling fit their maps on log-probabilities,
@@ -109,30 +110,16 @@ def absent_classes_phrase(absent: Sequence[int], num_classes: int) -> str:
     return f"{len(absent)} of the {num_classes} classes are absent from the calibration data ({which})"
 
 
-#: a row of non-negative values reads as probabilities when its sum is within this of 1 (a float16 or bfloat16
-#: softmax's rows sum to 1 within a few 1e-3; real logits are negative somewhere, or sum to anything)
-PROBABILITY_SUM_TOLERANCE = 1e-2
-
-
 def probability_warnings(logits: torch.Tensor) -> List[str]:
-    """A line when the (N, C) ``logits`` look like probabilities: every row non-negative and summing to 1 (within
-    :data:`PROBABILITY_SUM_TOLERANCE`, more for many classes in a low precision: C · 2⁻¹⁰), the model's forward ends in
-    a softmax; or (C ≥ 2) every value within [0, 1] with rows that do not sum to 1, a sigmoid. Else none."""
+    """A line when the (N, C) ``logits``, C ≥ 2, look like per-class probabilities: every value within [0, 1] (the
+    model's forward likely ends in a sigmoid). Else none. (A final softmax never gets here: a fit reads the log of its
+    probabilities, :func:`hf_calibrate.fitting.probing.base_outputs`.)"""
     if float(logits.amin()) < 0 or float(logits.amax()) > 1 or logits.shape[1] < 2:
         return []
-    sums = logits.sum(dim=1, dtype=torch.float64)
-    tolerance = max(PROBABILITY_SUM_TOLERANCE, logits.shape[1] * 2.0 ** -10)
-    fix = ("Calibrate the model without its final {0} (so that it returns its logits){1}.")
-    if float((sums - 1).abs().max()) <= tolerance:
-        return [f"the model's outputs look like probabilities, not logits: all {logits.shape[0]:,} calibration rows are "
-                "non-negative and sum to 1, so its forward ends in a softmax, and every method would calibrate softmax(p), "
-                "a flattened copy of its probabilities p, instead of its logits. " + fix.format(
-                    "softmax", ", or make it return log-probabilities (log_softmax in place of softmax, or the log of its "
-                    "outputs): those are the logits up to a per-row constant, which softmax ignores")]
     return [f"the model's outputs look like per-class probabilities, not logits: all {logits.numel():,} values of the "
             f"{logits.shape[0]:,} calibration rows lie within [0, 1], so its forward likely ends in a sigmoid, and every "
-            "method would read them as logits of a softmax over squashed scores. " + fix.format(
-                "sigmoid", ", or make it return the sigmoid's input (the log-odds)")]
+            "method would read them as logits of a softmax over squashed scores. Calibrate the model without its final "
+            "sigmoid (so that it returns its logits), or make it return the sigmoid's input (the log-odds)."]
 
 
 def warn_if_probabilities(logits: torch.Tensor) -> None:

@@ -56,9 +56,9 @@ class PreparedData:
             return describe_positions(positions)
         return in_batches(positions, lambda position: divmod(position, self.user_batch))
 
-    def first_inputs(self) -> Inputs:
-        """The model inputs of the first sample, as a batch of one."""
-        return self.collate([self.dataset[0]])[0]
+    def first_inputs(self, count: int = 1) -> Inputs:
+        """The model inputs of the first ``count`` samples (all, when there are fewer), as one batch."""
+        return self.collate([self.dataset[index] for index in range(min(count, len(self.dataset)))])[0]
 
     def local_share(self, batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
         """This process's share of a global ``batch`` of indices: every ``world``-th one from ``rank``."""

@@ -118,11 +118,12 @@ class StreamedData:
             return describe_positions(positions)
         return in_batches(positions, self.index.unit_and_row)
 
-    def first_inputs(self) -> Inputs:
-        """The model inputs of the stream's first sample, as a batch of one."""
+    def first_inputs(self, count: int = 1) -> Inputs:
+        """The model inputs of the stream's first ``count`` samples, as one batch: fewer when its first batch holds fewer
+        (one, for a stream of samples: a stream is read once, so no more is read ahead)."""
         first = self.source.first()
         inputs, _ = self.to_batch([first] if self.source.of_samples else first)
-        return {key: value[:1] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
+        return {key: value[:count] if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
 
     # ------------------------------------------------------------------ the first pass
     def read(self, rank: int, world: int, *, keep: bool) -> Iterator[Tuple[int, Batch]]:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import _auto_registration
+from .._probabilities import PROBABILITIES
 from .._warnings import warn_user
 from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import contract_preprocessor
@@ -35,6 +36,7 @@ from ..data.sources import is_one_shot
 from ..results import reporting
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
+from .probing import base_outputs
 from .auto import AUTO, AutoOptions, fit_auto
 from .engine import Engine, EngineOptions
 from .kept_logits import KeptLogits
@@ -43,6 +45,15 @@ from .kept_logits import KeptLogits
 DataSources = Tuple[Any, Any, Any]
 #: (display name, split) naming the calibration data (None: what the data record)
 Naming = Tuple[Optional[str], Optional[str]]
+
+
+#: the fit's warning when the base's outputs are probabilities (:func:`.probing.base_outputs`)
+PROBABILITIES_READ = (
+    "the model's outputs are probabilities, not logits: its calibration rows are non-negative and sum to 1 (its forward "
+    "ends in a softmax; if it does not, fit with base_outputs='logits'). The calibration reads their log, log p: the "
+    "model's logits up to a per-row constant, which softmax ignores (softmax(log p) = p). The calibrated model returns "
+    "calibrated logits, not probabilities: apply a softmax to them for probabilities (pipelines do)."
+)
 
 
 class TemperatureScalingFallbackWarning(UserWarning):
@@ -200,6 +211,7 @@ def fit_calibration(
         data = prepare(calibration_data, "calibration data")
         engine.kept_logits = KeptLogits(data) if keep_logits else None
         contract = input_contract(backbone, data, engine)
+        backbone.outputs = base_outputs(backbone, data, engine)
         if method == AUTO:
             calibrator, summary, method_options = fit_auto(backbone, data, method_options, engine)
         else:
@@ -211,7 +223,9 @@ def fit_calibration(
     calibrator.is_fitted = True
     preprocessor = contract_preprocessor(engine_settings.preprocessor, contract)
     provenance = _provenance(model, data, data_sources, naming, engine, method_options)
-    provenance["input_contract"] = contract
+    provenance["input_contract"] = {**contract, "outputs": PROBABILITIES} if backbone.outputs == PROBABILITIES else contract
+    if backbone.outputs == PROBABILITIES:
+        summary["warnings"] = [PROBABILITIES_READ, *summary.get("warnings", [])]
     if data.class_names and model_label_names(backbone) is None:
         summary["class_names"] = "the calibration data's (the base model records none)"
     identities = [identity for identity in (reporting.data_identity(source) for source in data_sources if source is not None)

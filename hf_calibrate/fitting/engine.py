@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _distributed
+from .._probabilities import LOGITS, PROBABILITIES
 from .._progress import progress_bar
 from ..backbones import Backbone, Inputs
 from ..calibrators.base import check_fields, require
@@ -65,6 +66,9 @@ class EngineOptions:
         spill_bytes: logits or features a pass collects (float32, one row per sample) beyond this
             many bytes go to a memory-mapped temporary file instead of memory (default 4 GiB;
             :mod:`hf_calibrate.fitting.rows`).
+        base_outputs: what the base model returns, ``"logits"`` or ``"probabilities"`` (its forward ends in a
+            softmax: the fit reads their log); default None: ``"probabilities"`` when its first 16 calibration rows
+            are non-negative and sum to 1 (:func:`hf_calibrate.fitting.probing.base_outputs`), else ``"logits"``.
     """
 
     batch_size: int = 1000
@@ -82,6 +86,7 @@ class EngineOptions:
     max_length: Optional[int] = None
     cache_bytes: int = DEFAULT_CACHE_BYTES
     spill_bytes: int = DEFAULT_SPILL_BYTES
+    base_outputs: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -94,6 +99,8 @@ class EngineOptions:
         require(self.spill_bytes >= 0, "spill_bytes", self.spill_bytes, "a number of bytes >= 0")
         require(self.mixed_precision is None or self.mixed_precision in MIXED_PRECISION, "mixed_precision",
                 self.mixed_precision, f"one of {list(MIXED_PRECISION)} or None")
+        require(self.base_outputs in (None, LOGITS, PROBABILITIES), "base_outputs", self.base_outputs,
+                f"{LOGITS!r}, {PROBABILITIES!r} or None")
 
     def data_options(self) -> dict:
         names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length", "cache_bytes")

@@ -25,7 +25,7 @@ import torch
 from .._warnings import warn_user
 from ..backbones import Backbone
 from ..calibrators.heads import HeadCalibrator, HeadOptions
-from ..calibrators.holdout import content_groups, note_repeated_rows
+from ..calibrators.holdout import content_groups, note_repeated_rows, note_validation_copies, rows_repeating
 from ..calibrators.requirements import check_labels
 from ..calibrators.temperature import fit_inverse_temperature, temperature_warnings
 from ..data import CalibrationData
@@ -132,6 +132,7 @@ def fit_head(
         summary["validated_on"] = validation.description
         summary = note_repeated_rows(_with_temperature(summary, backbone, calibrator, options, temperature_data, held, engine),
                                      content_groups(features))
+        note_validation_copies(summary, rows_repeating(features, held[0]), len(held[0]), what="features")
     return {"trained_on": train.description, **summary, "warnings": data_warnings + summary.get("warnings", [])}
 
 

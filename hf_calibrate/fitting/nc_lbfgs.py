@@ -170,6 +170,11 @@ def lockstep(runs: List[Run], objectives: List[Objective], backbone: Backbone, e
             run.record_state()
         curve.append(pooled_score([run.scored[-1] for run in runs]))
         best = iteration if curve[-1] < curve[best] else best
-        if iteration - best >= options.patience or not any(moved):
+        if patience_spent(iteration, best, options.patience) or not any(moved):
             break
     return curve
+
+
+def patience_spent(iteration: int, best: int, patience: int) -> bool:
+    """Whether :func:`lockstep`'s rounds stop after round ``iteration``: ``patience`` rounds past the ``best`` one."""
+    return iteration - best >= patience

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..backbones import Backbone
-from ..calibrators.holdout import content_groups, fold_assignment, note_repeated_rows, paired_difference, shown_below_zero
+from ..calibrators.holdout import (content_groups, fold_assignment, note_repeated_rows, note_validation_copies, paired_difference,
+                                   rows_repeating, shown_below_zero)
 from ..calibrators.neural_clamping import NeuralClamping
 from ..calibrators.requirements import warn_if_probabilities
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
@@ -129,6 +130,8 @@ def fit_by_lbfgs(backbone: Backbone, data: CalibrationData, calibrator: NeuralCl
             summary = _fit_without_selection(fit, parts[0], logits, labels)
         else:
             summary = _cross_fit_and_choose(fit, parts, grid, logits, labels, folds)
+    if validation is not None:
+        note_validation_copies(summary, rows_repeating(logits, parts[0].held_logits), len(parts[0].held))
     return note_repeated_rows(summary, groups)
 
 

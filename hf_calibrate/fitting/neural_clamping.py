@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..backbones import Backbone, InputSizeError, format_size
-from ..calibrators.holdout import content_groups, note_repeated_rows
+from ..calibrators.holdout import content_groups, note_repeated_rows, note_validation_copies, rows_repeating
 from ..calibrators.neural_clamping import NeuralClamping, focal_loss
 from ..calibrators.requirements import warn_if_probabilities
 from ..calibrators.temperature import CALIBRATION_DATA_FIX, fit_inverse_temperature, temperature_method_beta, warn_if_without_minimum
@@ -162,6 +162,8 @@ def _fit(
         "optimizer": "sgd", "fit_samples": len(fit_indices), "holdout_samples": len(holdout_indices), "epochs": epochs,
         "steps_per_epoch": steps, "temperature_scaling": {"temperature": 1.0 / beta}, "history": history,
     }, start.groups)
+    if start.validation_copies is not None:
+        note_validation_copies(summary, start.validation_copies, len(start.holdout_indices))
     return _keep_best_or_fall_back(calibrator, best, start, options, summary)
 
 
@@ -244,6 +246,7 @@ class _Start:
     fallback_log_t: torch.Tensor  # log T if δ does not help: TS on all the calibration data (fitting and held-out parts)
     baseline_scores: Optional[Dict[str, float]]  # that TS's held-out scores (None: nothing held out)
     groups: torch.Tensor  # (N,) content ids of the calibration rows' base logits: a row's copies are held out together
+    validation_copies: Optional[int]  # validation rows that repeat a calibration row (None: no validation data)
 
 
 def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[CalibrationData], options: NeuralClamping.Options, engine: Engine) -> _Start:
@@ -260,6 +263,7 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
         fit_indices = torch.arange(len(data))
         holdout_logits, holdout_labels = engine.collect_logits(backbone, validation, description="base logits (validation)", keep_inputs=True)
         holdout_indices = torch.arange(len(validation))
+    copies = None if validation is data else rows_repeating(all_logits, holdout_logits)
     fit_logits, fit_labels = all_logits[fit_indices.to(device)], all_labels[fit_indices.to(device)]
     beta, _ = fit_inverse_temperature(fit_logits, fit_labels)
     if engine.is_main:
@@ -272,7 +276,7 @@ def _base_pass(backbone: Backbone, data: CalibrationData, validation: Optional[C
         if validation is data:  # the fallback is then exactly the temperature method's fit on all the data
             all_beta = temperature_method_beta(all_logits, all_labels)
             fallback_log_t = torch.tensor(-math.log(all_beta), device=device)
-    return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores, groups)
+    return _Start(fit_indices, holdout_indices, validation, beta, fallback_log_t, baseline_scores, groups, copies)
 
 
 def _start_log_temperature(options: NeuralClamping.Options, ts_log_t: torch.Tensor) -> torch.Tensor:

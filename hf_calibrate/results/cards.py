@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from . import reporting
+from .._probabilities import PROBABILITIES
 from ..calibrators import calibrator_class
 from ..calibrators.neural_clamping import recorded_select_metric
 from ..metrics.catalog import CARD_METRICS
@@ -217,6 +218,10 @@ def input_notes(record: Dict[str, Any]) -> List[str]:
     elif source.startswith("inputs tokenized by the user"):
         notes.append("The calibration data were tokenized by the user, so their max_length and truncation are not "
                      "known: tokenize inputs exactly as they were.")
+    if contract.get("outputs") == PROBABILITIES:
+        notes.append("The base model's forward ends in a softmax: the calibration reads the log of its probabilities as "
+                     "its logits, and the calibrated model returns calibrated logits (a softmax of them gives the "
+                     "calibrated probabilities).")
     notes.append("The calibration holds for inputs preprocessed like that only (calibration_config.json, "
                  "`input_contract`, records it).")
     return notes

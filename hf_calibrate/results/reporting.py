@@ -46,7 +46,7 @@ UNKNOWN_SAMPLE_NOTE = "whether these are data the calibration was fitted on is u
 FALLBACK_SAVED = "The saved model is this temperature scaling."
 #: how to lengthen each Neural Clamping optimiser's schedule, as options of ``fit`` and of ``hf-calibrate fit``
 SCHEDULE_OPTIONS = {"sgd": ("options epochs, lr", "--option epochs=N, --option lr=X"),
-                    "lbfgs": ("options max_iterations, patience, or ridge=[0.03, 0.1, 0.3] to choose among",
+                    "lbfgs": ("options max_iterations (with patience as large), or ridge=[0.03, 0.1, 0.3] to choose among",
                               "--option max_iterations=N, --option 'ridge=[0.03, 0.1, 0.3]'")}
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import fallback_contract
 from ..calibrators import Calibrator
+from .._probabilities import PROBABILITIES
 from ..configuration import CalibratedConfig
 from ..metrics import ReliabilityBins
 from ..results import reporting
@@ -27,7 +28,7 @@ from .loading import check_complete, load_base, load_calibrator, load_preprocess
 from .load_options import backbone_device
 from .locks import reading
 from .saving import save_artifact
-from .schema import FORMAT_VERSION, RESAVE, ArtifactError
+from .schema import FORMAT_VERSION, PLAIN_FORMAT_VERSION, RESAVE, ArtifactError
 
 #: what an evaluation names, kept in the record beside its metrics (see :mod:`hf_calibrate.results.reporting`)
 EVALUATION_NAMES = ("dataset", "dataset_id", "split", "n_bins", "in_sample", "in_sample_rows", "calibration_dataset",
@@ -70,7 +71,8 @@ def calibration_record(
     fit = {key: value for key, value in model.provenance.items() if key not in _NOT_IN_FIT}
     fit["summary"] = {key: value for key, value in model.fit_summary.items() if key != "history"}
     return {
-        "format_version": FORMAT_VERSION,
+        # a reader of format 2 would read a softmax's probabilities as logits: such a record needs format 3
+        "format_version": FORMAT_VERSION if contract.get("outputs") == PROBABILITIES else PLAIN_FORMAT_VERSION,
         "library_version": __version__,
         "method": model.method,
         "calibrator": calibrator.config(),

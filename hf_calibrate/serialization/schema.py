@@ -14,13 +14,16 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import torch
 
+from .._probabilities import LOGITS, PROBABILITIES
 from ..calibrators import CALIBRATORS
 from ..metrics.intervals import HIGHER_IS_BETTER, VERDICTS, Interval, verdict
 from ..version import __version__
 from .files import CALIBRATION_CONFIG
 from .identity import repo_id_problem
 
-FORMAT_VERSION = 2  # 2: manifest and SHA-256 digests; version 1 records still load
+FORMAT_VERSION = 3  # 2: manifest and SHA-256 digests; 3: input_contract.outputs; version 1 records still load
+#: the format of a record that holds no key of a newer one: every reader since format 2 reads it alike
+PLAIN_FORMAT_VERSION = 2
 RECORD_DIGEST_KEY = "record_sha256"
 
 # Bounds of the record, checked before anything is allocated.
@@ -319,6 +322,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "input_contract.input_size": Field(_optional(_int_list(4, 2**24, MAX_DELTA_ELEMENTS)), since=2),
     "input_contract.value_range": Field(_optional(_value_range), since=2),
     "input_contract.preprocessing": Field(_optional(_json_object())),
+    "input_contract.outputs": Field(_optional(_choice(LOGITS, PROBABILITIES)), since=3),
     "input_contract.preprocessing.max_length": Field(_optional(_integer(1, 10**12))),
     "preprocessing": Field(_optional(_json_object())),
     "fit": Field(_mapping, 1),

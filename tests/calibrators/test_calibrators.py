@@ -563,7 +563,7 @@ def test_neural_clamping_grids_and_defaults():
     defaults = NeuralClamping.Options()
     assert (defaults.optimizer, defaults.lr, defaults.momentum, defaults.gamma, defaults.delta_weight) == ("lbfgs", None, None, (1.0,), (0.01,))
     assert (defaults.max_iterations, defaults.patience, defaults.ridge, defaults.refit, defaults.require_significant_gain) == (
-        12, 4, (0.1,), "average", False)
+        12, 12, (0.1,), "average", False)
     sgd = NeuralClamping.Options(optimizer="sgd")
     assert (sgd.lr, sgd.momentum, sgd.max_iterations, sgd.patience, sgd.ridge, sgd.refit) == (0.01, 0.9, None, None, None, None)
 

@@ -195,3 +195,25 @@ def test_methods_that_hold_out_through_the_model_count_the_copies_too(method, op
     with pytest.warns(CalibrationFitWarning, match=f"90 {REPEATED} \\(30 distinct of 120\\)"):
         model = CalibratedModel.fit(module, TensorDataset(inputs, labels), method=method, progress=False, **options)
     assert model.fit_summary["duplicate_rows"] == 90
+
+
+@pytest.mark.parametrize("method, options", [("neural_clamping", {}), ("neural_clamping", {"optimizer": "sgd", "epochs": 2}),
+                                             ("tst", {"epochs": 2})])
+def test_validation_rows_that_repeat_calibration_rows_are_named(method, options):
+    """Rows given as validation data that are copies of calibration rows are not held out: the fit counts them
+    (``validation_copies``) and says so, naming the fix; disjoint validation data count 0 and say nothing."""
+    module = tm.plain_module()
+    inputs = torch.randn(80, 6, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        labels = module(inputs).argmax(dim=1)
+    labels[::3] = (labels[::3] + 1) % tm.NUM_CLASSES  # some rows wrong: every fit has errors to learn from
+    calibration = TensorDataset(inputs[:50], labels[:50])
+    overlapping = TensorDataset(torch.cat([inputs[:12], inputs[50:]]), torch.cat([labels[:12], labels[50:]]))
+    with pytest.warns(CalibrationFitWarning, match="12 of the 42 validation rows repeat a calibration row .* Remove them from validation_data"):
+        model = CalibratedModel.fit(module, calibration, method=method, validation_data=overlapping, progress=False, **options)
+    assert model.fit_summary["validation_copies"] == 12
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = CalibratedModel.fit(module, calibration, method=method, validation_data=TensorDataset(inputs[50:], labels[50:]),
+                                    progress=False, **options)
+    assert model.fit_summary["validation_copies"] == 0 and not any("validation rows repeat" in str(w.message) for w in caught)

@@ -169,20 +169,22 @@ def test_cli_fit_runs_the_base_once_and_reports_what_evaluate_reports(digits_cnn
     from _files import write_image_folder
 
     from hf_calibrate.cli import main
+    from hf_calibrate.fitting.probing import OUTPUT_PROBE_ROWS
 
     data = digits_cnn.dataset["calibration"]
     folder = write_image_folder(tmp_path / "digits", {"calibration": data})
     output = tmp_path / "ts"
-    calls = []
+    calls = []  # the rows of each forward pass of the base
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, inputs, out: calls.append(1) if type(module).__name__ == "ResNet" else None
+        lambda module, inputs, out: calls.append(len(inputs[0])) if type(module).__name__ == "ResNet" else None
     )
     try:
         assert main(["fit", "--model", str(digits_cnn.path), "--dataset", str(folder), "--method", "temperature",
                      "--batch-size", "200", "--output", str(output), "--no-progress"]) == 0
     finally:
         hook.remove()
-    assert len(calls) == math.ceil(len(data) / 200)  # one pass over the calibration split (was two)
+    # one pass over the calibration split (was two), after a look at its first rows (fitting.probing.base_outputs)
+    assert calls == [OUTPUT_PROBE_ROWS] + [200, 200, len(data) - 400]
     capsys.readouterr()
     assert main(["evaluate", "--model", str(output), "--dataset", str(folder), "--split", "calibration", "--batch-size", "200",
                  "--json", "--no-progress"]) == 0
