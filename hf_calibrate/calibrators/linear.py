@@ -40,7 +40,7 @@ from . import lbfgs
 from .base import Calibrator, Range, check_fields, fit_context, ranged, require
 from .requirements import DataRequirements
 from .holdout import DEFAULT_FOLDS, Fold, content_groups, select_by_cross_fitting, stratified_folds
-from .temperature import GUO_2017_CITATION, fit_inverse_temperature, temperature_warnings
+from .temperature import GUO_2017_CITATION, fit_inverse_temperature, near_bound, temperature_warnings
 from .vector_newton import SCALE_BOUNDS, fit_vector_scaling
 
 # Up to this many logits the fit runs in float64; larger problems use float32 for speed.
@@ -146,7 +146,7 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
     parameters, fit = linear_map.fit(x, labels, beta, strength, at_temperature, options.max_iter, description)
     if fit.pop("interrupted", False):
         summary["interrupted"] = _interrupted(linear_map.name, "during the fit: the best state so far is kept")
-    summary["warnings"] += _fit_warnings(linear_map.name, fit, options)
+    summary["warnings"] += _fit_warnings(linear_map.name, fit, options, scale_named=bool(start_lines) and near_bound(beta))
     return parameters, {**fit, **summary}
 
 
@@ -177,15 +177,18 @@ def _held_out_nll(
     return held_out_nll
 
 
-def _fit_warnings(name: str, fit: Dict[str, Any], options: RegularisedOptions) -> List[str]:
-    """One line per problem of a fit: it did not converge, or scales ended at their bounds."""
+def _fit_warnings(name: str, fit: Dict[str, Any], options: RegularisedOptions, scale_named: bool = False) -> List[str]:
+    """One line per problem of a fit: it did not converge, or scales ended at their bounds (put down to the temperature
+    it starts from when ``scale_named``: that temperature is at its bound, said on its own line with the reason)."""
     lines = []
     if not fit.get("converged", True):
         lines.append(f"{name}: the fit stopped after max_iter={options.max_iter} iterations without converging; pass a "
                      f"larger max_iter, or a larger l2 (or leave l2 unset to select it).")
     if fit.get("classes_at_bound"):
+        reason = ("the temperature it starts from is at its bound too (its line says why): fix that first" if scale_named
+                  else "the data separate those classes; pass a larger l2 (or leave l2 unset to select it)")
         lines.append(f"{name}: {fit['classes_at_bound']} per-class scale(s) ended at a bound ({SCALE_BOUNDS[0]:.0e} or "
-                     f"{SCALE_BOUNDS[1]:.0e}): the data separate those classes; pass a larger l2 (or leave l2 unset to select it).")
+                     f"{SCALE_BOUNDS[1]:.0e}): {reason}.")
     return lines
 
 

@@ -189,10 +189,13 @@ def temperature_warnings(
     message = without_minimum_message(beta, logits, labels, data, CALIBRATION_DATA_FIX)
     if message is not None:
         return [head + message]
+    return [head + bound_message(beta, logits)] if near_bound(beta) else []
+
+
+def near_bound(beta: float) -> bool:
+    """Whether 1/T = ``beta`` is at, or within :data:`NEAR_BOUND` of, a bound of :data:`BETA_BOUNDS`."""
     low, high = BETA_BOUNDS
-    if beta < low * NEAR_BOUND or beta > high / NEAR_BOUND:
-        return [head + bound_message(beta, logits)]
-    return []
+    return beta < low * NEAR_BOUND or beta > high / NEAR_BOUND
 
 
 def bound_message(beta: float, logits: torch.Tensor) -> str:

@@ -148,6 +148,16 @@ def test_a_fit_starting_from_a_temperature_at_its_bound_says_so(method):
     assert len(lines) == 1 and lines[0].startswith(f"{method}: it starts from temperature scaling, and T = 1000")
 
 
+def test_vector_scales_at_their_bound_on_tiny_logits_are_put_down_to_the_temperature():
+    """Logits × 1e-6: vector's per-class scales end at their bound because the logits are tiny, not because the data
+    separate the classes (what the line said): it points at the temperature's line, which names the scale."""
+    logits, labels = five_classes(rows=300)
+    lines = fitted("vector", logits * 1e-6, labels)[1]["warnings"]
+    (scales,) = [line for line in lines if "per-class scale(s) ended at a bound" in line]
+    assert "the temperature it starts from is at its bound too" in scales and "separate" not in scales
+    assert any("the logits' scale is far from a model's" in line for line in lines)
+
+
 @pytest.mark.parametrize("method", ["matrix", "dirichlet"])
 def test_maps_on_tiny_logits_keep_their_accuracy_or_say_why_not(method):
     """Logits × 1e-6: temperature scaling ends at T = 0.001, its logits still nearly uniform, and matrix / Dirichlet fit
