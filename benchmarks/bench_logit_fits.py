@@ -306,14 +306,13 @@ def report(session: _report.Session, results: Results) -> str:
         f"{TRUE_TEMPERATURE:g})`, so the ideal temperature is {TRUE_TEMPERATURE:g} and no method can beat the NLL of "
         "the true distribution by much. `(fit)` columns score the logits the methods were fitted on (how well "
         "the optimiser did); `(held-out)` columns score a second draw of the same size from the same "
-        "distribution (seed 1): what a user would see. Matrix and Dirichlet have C² + C ≈ 10^6 parameters "
-        "against N labels, so they can fit the noise (low fit NLL, worse held-out NLL); their default options "
-        "therefore select the ODIR strength λ on a held-out fifth (up to 9 candidates, strongest first, each started at the "
-        "previous optimum, stopping after two that do not improve held-out NLL; then a refit), up to 10 L-BFGS fits."
+        "distribution (seed 1): what a user would see. Vector, matrix and Dirichlet fit their map relative to TS's "
+        "with the ridge λ C/N per diagonal parameter and bias and λ C(C − 1)/N per off-diagonal weight (C² + C ≈ 10^6 "
+        "parameters for matrix and Dirichlet); their default checks λ = 1 against TS by 5-fold cross-fitted NLL and "
+        "refits the choice: 6 fits (issue 41; until then a path of up to 7 λ on 5 folds, 249 logsumexp passes for "
+        "vector at this size)."
         + (" **Matrix and Dirichlet were left out of this run (`--skip-slow`)**; their rows give the bound the "
-           "library announces (a warning) before such a fit, from one timed evaluation. Measured earlier at this "
-           "size: one fit took 1,414 s (matrix) and 1,164 s (Dirichlet) with a fixed λ = 0.01, and over-fitted "
-           "(held-out NLL 19.0 and 25.3 against TS's 5.80), which is why λ is selected." if args.skip_slow else ""),
+           "library announces (a warning) before such a fit, from one timed evaluation." if args.skip_slow else ""),
         (f"- Ours: `cls.create(C, cls.Options(...))` then `fit_logits(logits, labels, options)` with default options. "
         f"Interleaved rounds; {args.repeats} rounds, matrix and Dirichlet {min(args.slow_repeats, args.repeats)} "
         "(each of their fits takes minutes here). `logsumexp passes` is the median time over the median time of "
@@ -344,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slow-repeats", type=int, default=1, help="rounds for matrix and Dirichlet (default 1)")
     parser.add_argument(
         "--skip-slow", action="store_true",
-        help="leave out matrix and Dirichlet (at full size, up to 10 L-BFGS fits of ~20 min each with the default λ selection; their rows then give the bound the library announces)",
+        help="leave out matrix and Dirichlet (at full size, their default is 6 L-BFGS fits of about a minute each here; their rows then give the bound the library announces)",
     )
     args = _report.parse(parser, argv)
     session = _report.Session("bench_logit_fits.py", args)

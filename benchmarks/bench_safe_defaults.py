@@ -69,7 +69,7 @@ from hf_calibrate.calibrators.requirements import InsufficientDataError
 from hf_calibrate.metrics import calibration_report
 
 NAME = "safe_defaults"
-OUR_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic", "auto")
+OUR_METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "structured_matrix", "histogram", "isotonic", "auto")
 METRICS = ("nll", "ece", "brier", "accuracy")
 MODELS = ("digits_cnn", "digits_vit", "bbc_minilm")
 #: per seed → per method → {metric: value, "warnings": count, "said": the kinds of warning said, ...}

@@ -13,6 +13,8 @@ full run):
 * ``intervals``  — ``bench_intervals.py`` (bootstrap interval coverage on synthetic data);
 * ``scale``      — ``bench_scale.py`` (streamed calibration data: memory against N, throughput vs a bare loop);
 * ``safe_defaults`` — ``bench_safe_defaults.py`` (every logit method's default vs uncalibrated and TS, peers beside);
+* ``fit_cost``   — ``bench_fit_cost.py`` (every logit method and auto at 450 × 10, 5,000 × 100, 25,000 × 1,000: time,
+  memory and held-out NLL, probmetrics beside);
 * ``mac_cal_ablation`` — ``bench_mac_cal_ablation.py`` (where MaC-Cal's gain comes from: paired arms against its default);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
@@ -59,6 +61,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "defaults": ("bench_defaults.py", "quality", "evidence for the fit defaults: paired arms of Neural Clamping and the heads' temperature"),
     "scale": ("bench_scale.py", "speed", "streams at scale: peak memory against N, throughput against a bare loop"),
     "safe_defaults": ("bench_safe_defaults.py", "quality", "safe defaults: every logit method's default vs uncalibrated and TS, peers beside"),
+    "fit_cost": ("bench_fit_cost.py", "speed and quality", "logit methods and auto at the sizes users have: time, peak memory, held-out NLL, probmetrics beside"),
     "mac_cal_ablation": ("bench_mac_cal_ablation.py", "quality", "MaC-Cal ablation: each part of the reconstruction against its default, paired"),
     "auto_budget": ("bench_auto_budget.py", "quality and speed", "method=\"auto\" with a budget: Neural Clamping and MaC-Cal as candidates, NC's time estimate"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),

@@ -13,6 +13,7 @@ from .base import CALIBRATORS, Calibrator, InvalidOptionError, calibrator_class,
 from .temperature import TemperatureScaling, fit_inverse_temperature
 from .linear import DirichletCalibration, MatrixScaling, RegularisedOptions, VectorScaling, fit_dirichlet, fit_matrix, fit_vector
 from .structured_vector import StructuredVectorScaling
+from .structured_matrix import StructuredMatrixScaling
 from .binning import HistogramBinning, IsotonicCalibration
 from .neural_clamping import NeuralClamping, focal_loss
 from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
@@ -40,6 +41,7 @@ __all__ = [
     "MatrixScaling",
     "NeuralClamping",
     "RegularisedOptions",
+    "StructuredMatrixScaling",
     "StructuredVectorScaling",
     "TemperatureScaling",
     "TwoStageHead",

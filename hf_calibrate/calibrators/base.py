@@ -22,7 +22,6 @@ fitted on cached logits through :meth:`Calibrator.fit_logits` (docs/design.md §
 from __future__ import annotations
 
 import collections.abc
-import contextvars
 import dataclasses
 import functools
 import math
@@ -33,47 +32,16 @@ from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Type
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .._errors import UserError
+from .fit_context import FitContext, fit_context, fitting_in
+from .memory import Footprint, check_fits
 from ..metrics._checks import NonFiniteError, check_labels, describe_positions, nonfinite_rows
 
 
 class InvalidOptionError(UserError, TypeError):
     """An option of the wrong type or outside its range (a :class:`~hf_calibrate._errors.UserError`, so a ValueError,
     and a TypeError)."""
-
-
-def _no_progress(total: int, description: str) -> tqdm:
-    return tqdm(total=total, desc=description, disable=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class FitContext:
-    """How a logit fit reports on itself; the fitting engine passes one to :meth:`Calibrator.fit_logits`.
-
-    Attributes:
-        progress: ``(total, description) -> bar`` for a progress bar with ``update`` and
-            ``set_postfix`` (the engine's: tqdm's in a terminal, a line per stage in a log, on the
-            main process only; ``hf_calibrate._progress``); the default shows none.
-        interruptible: whether Ctrl-C (KeyboardInterrupt) during a long iterative fit stops it
-            early and keeps the best state so far (the engine allows it in one process only:
-            processes interrupted at different iterations would disagree). Default False.
-        announce: whether a fit that may take long says so first, with a time bound (a
-            warning; the engine: on the main process only). Default True.
-    """
-
-    progress: Callable[[int, str], Any] = _no_progress
-    interruptible: bool = False
-    announce: bool = True
-
-
-_FIT_CONTEXT: contextvars.ContextVar[FitContext] = contextvars.ContextVar("fit_context", default=FitContext())
-
-
-def fit_context() -> FitContext:
-    """The :class:`FitContext` of the logit fit running now (defaults outside one)."""
-    return _FIT_CONTEXT.get()
 
 
 @dataclasses.dataclass
@@ -105,6 +73,9 @@ class Calibrator(nn.Module):
     needs_base_model: ClassVar[bool] = False
     #: True when fitting trains a new head on the base's penultimate features; set by the family.
     needs_features: ClassVar[bool] = False
+    #: what a logit fit holds at its peak (:mod:`.memory`), checked against the free memory before it starts (None: not
+    #: estimated; a method fitted through the base model)
+    footprint: ClassVar[Optional[Footprint]] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Register a subclass that names its own ``method`` in :data:`CALIBRATORS`.
@@ -159,17 +130,19 @@ class Calibrator(nn.Module):
         return a summary for the fit history.
 
         The logits must be finite and the labels valid class indices (else a ValueError naming
-        the rows); subclasses implement :meth:`_fit_logits` and read ``context`` (progress
+        the rows), and the fit's :attr:`footprint` must fit in the memory free (else a
+        :class:`~.memory.FitTooLargeError` naming both, before anything is allocated); subclasses
+        implement :meth:`_fit_logits` and read ``context`` (progress
         bars, Ctrl-C) through :func:`fit_context`.
         """
         if type(self)._fit_logits is Calibrator._fit_logits:
             raise NotImplementedError(f"{self.method} is not fitted from cached logits.")
         labels = check_fit_logits(logits, labels, self.num_classes)
-        token = _FIT_CONTEXT.set(context or FitContext())
-        try:
+        if self.footprint is not None:
+            rows, classes = logits.shape
+            check_fits(self.footprint, rows, classes, f"{self.method} on {rows:,} x {classes:,} logits", logits.device)
+        with fitting_in(context):
             return self._fit_logits(logits, labels, options)
-        finally:
-            _FIT_CONTEXT.reset(token)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: Any) -> Dict[str, Any]:
         """The fit itself, on logits and labels already checked by :meth:`fit_logits`."""

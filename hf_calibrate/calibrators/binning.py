@@ -40,8 +40,9 @@ import torch
 
 from ..metrics.functional import equal_width_bin_index
 from .base import Calibrator, Range, check_fields, chunk_rows, ranged, require
-from .holdout import DEFAULT_FOLDS, content_groups, select_by_cross_fitting, stratified_folds
+from .holdout import DEFAULT_FOLDS, fit_groups, select_by_cross_fitting, stratified_folds
 from .isotonic_ovr import one_vs_rest_isotonic_knots
+from .memory import Footprint
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, starting_temperature_warnings
 
@@ -61,6 +62,8 @@ PRIOR = Range(0.0, 1e6)
 MAX_KNOTS = 2048
 #: what binning and isotonic regression need: errors to learn a confidence from, and rows to fill a few bins
 BINNING_REQUIREMENTS = DataRequirements(rows=10, classes=1, errors=1, advised_rows=100)
+#: probabilities, TS's probabilities (the prior's centres), scores and targets, the calibrated rows
+BINNING_FOOTPRINT = Footprint(rows=5)
 
 
 def _check_mode(mode: str) -> str:
@@ -190,7 +193,7 @@ def select_prior(
     """
     if options.prior is not None:
         return options.prior, {}
-    folds = stratified_folds(labels, options.folds, options.seed, content_groups(logits))
+    folds = stratified_folds(labels, options.folds, options.seed, fit_groups(logits))
 
     def held_out_nll(prior: float, fold: int) -> torch.Tensor:
         fit_rows, held_rows = (rows.to(logits.device) for rows in folds[fold])
@@ -229,7 +232,7 @@ class HistogramBinning(Calibrator):
         "@inproceedings{zadrozny2001obtaining, title={Obtaining calibrated probability estimates from decision trees and "
         "naive Bayesian classifiers}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={ICML}, year={2001}}"
     )
-    requirements = BINNING_REQUIREMENTS
+    requirements, footprint = BINNING_REQUIREMENTS, BINNING_FOOTPRINT
 
     @dataclasses.dataclass
     class Options(PriorOptions):
@@ -407,7 +410,7 @@ class IsotonicCalibration(Calibrator):
         "@inproceedings{zadrozny2002transforming, title={Transforming classifier scores into accurate multiclass "
         "probability estimates}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={KDD}, year={2002}}"
     )
-    requirements = BINNING_REQUIREMENTS
+    requirements, footprint = BINNING_REQUIREMENTS, BINNING_FOOTPRINT
 
     @dataclasses.dataclass
     class Options(PriorOptions):

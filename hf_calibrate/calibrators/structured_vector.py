@@ -12,18 +12,19 @@ every log-probability below by log(ε / C), and v, b ∈ R^C minimise
 
     mean NLL + λ · (C / N) · (‖v‖₂² + ‖b‖₂²)
 
-a ridge towards (smoothed) temperature scaling, v = b = 0, whose strength falls as the data grow.
+a ridge towards (smoothed) temperature scaling, v = b = 0, whose strength falls as the data grow. N counts
+distinct rows (:func:`.holdout.content_groups`): copies of a row add no evidence, so they change neither ε nor the
+ridge (probmetrics counts every row; the two agree on data without copies).
 The objective is convex in (v, b); L-BFGS (:func:`.lbfgs.minimise`) finds its minimum. Unlike
-:class:`~hf_calibrate.calibrators.VectorScaling` (a ⊙ z + b on the logits, its pull chosen by
-cross-fitting) the penalty is fixed, and the map acts on log-probabilities, so the log-sum-exp of
-each row enters per class. Why it is here: on the zoo's three models its default beat temperature
+:class:`~hf_calibrate.calibrators.VectorScaling` (a ⊙ z + b on the logits, with the same ridge) the
+map acts on smoothed log-probabilities, so the log-sum-exp of each row enters per class. Why it is here: on the zoo's three models its default beat temperature
 scaling on test NLL in every case, where our vector scaling did not (benchmarks/results/safe_defaults.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,9 @@ from torch import nn
 
 from . import lbfgs
 from .base import Calibrator, Range, check_fields, ranged, require
+from .holdout import distinct_rows, fit_groups
+from .linear import ridge_strengths
+from .memory import Footprint, work_dtype
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_warnings
 
@@ -65,6 +69,9 @@ class StructuredVectorScaling(Calibrator):
     )
     #: as the linear maps', without advised rows: nothing is selected on held-out data
     requirements = DataRequirements(rows=10, classes=2, errors=1, per_class=True)
+    #: the working copy, log-softmax and the smoothed x, the map's output, the cross-entropy's probabilities and
+    #: gradient, the backward's products: 11 covers the resident peaks measured in benchmarks/results/fit_cost.md
+    footprint = Footprint(rows=11)
 
     @dataclasses.dataclass
     class Options:
@@ -88,48 +95,72 @@ class StructuredVectorScaling(Calibrator):
 
     def __init__(self, num_classes: int) -> None:
         super().__init__(num_classes)
-        self.scale_offset = nn.Parameter(torch.zeros(num_classes))
+        self.register_parameter(self.offset_name, nn.Parameter(torch.zeros((num_classes,) * self.offset_dims)))
         self.bias = nn.Parameter(torch.zeros(num_classes))
         self.register_buffer("inverse_temperature", torch.ones(()))
         self.register_buffer("epsilon", torch.zeros(()))
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         x = smoothed_log_probabilities(logits, self.inverse_temperature.to(logits.dtype), self.epsilon.to(logits.dtype))
-        return x * (1 + self.scale_offset.to(logits.dtype)) + self.bias.to(logits.dtype)
+        return self._map(x, getattr(self, self.offset_name).to(logits.dtype), self.bias.to(logits.dtype))
+
+    #: the offset's name (its tensor, warnings, the summary's ``largest_<name>``) and its dimensions: (C,)
+    offset_name = "scale_offset"
+    offset_dims = 1
+
+    def _new_offset(self, classes: int, like: torch.Tensor, options: Any) -> torch.Tensor:
+        """The offset at 0, in ``like``'s (the (N, C) features') dtype and device, to be fitted with ``options``."""
+        return torch.zeros((classes,) * self.offset_dims, dtype=like.dtype, device=like.device, requires_grad=True)
+
+    @staticmethod
+    def _map(x: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """(1 + v) ⊙ x + b."""
+        return x * (1 + offset) + bias
+
+    def _ridge(self, offset: torch.Tensor, bias: torch.Tensor, l2: float, rows: int) -> torch.Tensor:
+        """λ (C/N) (‖v‖₂² + ‖b‖₂²) (:func:`.linear.ridge_strengths`' diagonal strength)."""
+        return ridge_strengths(l2, rows, self.num_classes)[0] * (offset.square().sum() + bias.square().sum())
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "StructuredVectorScaling.Options") -> Dict[str, Any]:
-        rows, classes = logits.shape
-        work = logits.detach().double()
+        classes = logits.shape[1]
+        rows = distinct_rows(fit_groups(logits))  # copies add no evidence: the ridge and ε count a row once
+        work = logits.detach().to(work_dtype(*logits.shape))
         fitted_beta, _ = fit_inverse_temperature(work, labels)
         separable = is_separable_fit(fitted_beta, work, labels)
         beta = 1.0 if separable else fitted_beta  # as the temperature method keeps it
-        epsilon = torch.tensor(options.smoothing / (rows + 1), dtype=torch.float64, device=work.device)
-        x = smoothed_log_probabilities(work, torch.tensor(beta, dtype=torch.float64, device=work.device), epsilon)
-        strength = options.l2 * classes / rows
-        offset, bias = (torch.zeros(classes, dtype=torch.float64, device=work.device, requires_grad=True) for _ in range(2))
+        epsilon = torch.tensor(options.smoothing / (rows + 1), dtype=work.dtype, device=work.device)
+        x = smoothed_log_probabilities(work, torch.tensor(beta, dtype=work.dtype, device=work.device), epsilon)
+        offset = self._new_offset(classes, x, options)
+        bias = torch.zeros(classes, dtype=x.dtype, device=x.device, requires_grad=True)
 
         def objective() -> torch.Tensor:
-            return F.cross_entropy(x * (1 + offset) + bias, labels) + strength * (offset.square().sum() + bias.square().sum())
+            return F.cross_entropy(self._map(x, offset, bias), labels) + self._ridge(offset, bias, options.l2, rows)
 
-        summary = lbfgs.minimise([offset, bias], objective, options.max_iter, "structured vector scaling")
+        summary = lbfgs.minimise([offset, bias], objective, options.max_iter, self.title)
         lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
-        largest = float(torch.cat([offset.detach(), bias.detach()]).abs().max())
-        if largest > LARGE_PARAMETER:
-            lines.append(f"structured_vector: a per-class scale offset or bias reached {largest:.3g}: the data (nearly) "
-                         f"separate some class at l2={options.l2:g}; pass a larger l2 (the default is 1).")
-        if not summary["converged"]:
-            lines.append(f"structured_vector: the fit stopped after max_iter={options.max_iter} iterations without converging; "
-                         "pass a larger max_iter or a larger l2.")
-        if summary.get("interrupted"):
-            lines.append("structured_vector: interrupted (Ctrl-C) during the fit: the best state so far is kept.")
+        lines += self._fit_lines(offset.detach(), bias.detach(), summary, options)
         with torch.no_grad():
-            self.scale_offset.copy_(offset.detach())
+            getattr(self, self.offset_name).copy_(offset.detach())
             self.bias.copy_(bias.detach())
             self.inverse_temperature.fill_(beta)
             self.epsilon.fill_(float(epsilon))
-        return {**summary, "temperature": 1.0 / beta, "l2": options.l2, "strength": strength, "epsilon": float(epsilon),
-                "largest_scale_offset": float(offset.detach().abs().max()), "largest_bias": float(bias.detach().abs().max()),
-                "warnings": lines}
+        return {**summary, "temperature": 1.0 / beta, "l2": options.l2, "strength": options.l2 * classes / rows,
+                "epsilon": float(epsilon), f"largest_{self.offset_name}": float(offset.detach().abs().max()),
+                "largest_bias": float(bias.detach().abs().max()), "warnings": lines}
+
+    def _fit_lines(self, offset: torch.Tensor, bias: torch.Tensor, summary: Dict[str, Any], options: Any) -> List[str]:
+        """One line per problem of the fit: a parameter ran off (the data separate a class), no convergence, Ctrl-C."""
+        lines = []
+        largest = float(torch.cat([offset.flatten(), bias]).abs().max())
+        if largest > LARGE_PARAMETER:
+            lines.append(f"{self.method}: a {self.offset_name.replace('_', ' ')} or bias reached {largest:.3g}: the data "
+                         f"(nearly) separate some class at l2={options.l2:g}; pass a larger l2 (the default is 1).")
+        if not summary["converged"]:
+            lines.append(f"{self.method}: the fit stopped after max_iter={options.max_iter} iterations without converging; "
+                         "pass a larger max_iter or a larger l2.")
+        if summary.get("interrupted"):
+            lines.append(f"{self.method}: interrupted (Ctrl-C) during the fit: the best state so far is kept.")
+        return lines
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, epsilon={float(self.epsilon):.3g}"

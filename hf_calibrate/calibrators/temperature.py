@@ -19,6 +19,7 @@ from torch import nn
 
 from .._warnings import warn_user
 from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, require
+from .memory import Footprint
 
 # T is kept within [1e-3, 1e3]: beyond this the model is constant or a hard argmax anyway.
 BETA_BOUNDS = (1e-3, 1e3)
@@ -238,6 +239,8 @@ class TemperatureScaling(Calibrator):
     description = ("The logits are divided by one scalar temperature T fitted to minimise the negative log-likelihood on "
                    "the calibration data. Predictions are unchanged.")
     citation = GUO_2017_CITATION
+    #: the logits' float64 working copy and its chunked passes'
+    footprint = Footprint(rows=2)
 
     @dataclasses.dataclass
     class Options:

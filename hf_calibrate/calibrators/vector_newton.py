@@ -12,8 +12,8 @@ and 2–3 iterations suffice (benchmarks/results/logit_fits.md); with 2 classes 
 (about a dozen). Scales stay within :data:`SCALE_BOUNDS` (a projected Newton step: a class at
 a bound whose gradient points outwards keeps its scale and moves only its bias).
 
-The objective may add :class:`TowardsTemperature`, a quadratic pull towards the temperature-scaling
-solution that is separable by class, so its Hessian blocks are exact and the steps unchanged in kind.
+The objective may add :class:`TowardsTemperature`, a ridge towards the temperature-scaling solution that is
+separable by class, so its Hessian blocks are exact and the steps unchanged in kind.
 """
 
 from __future__ import annotations
@@ -62,37 +62,27 @@ def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch
 
 @dataclasses.dataclass(frozen=True)
 class TowardsTemperature:
-    """The penalty λ · mean_{i,c} ((a_c − β) z_ic + b_c)² pulling vector scaling towards temperature scaling.
+    """The ridge ρ · Σ_c ((a_c − β)/β)² + ρ · Σ_c b_c² pulling vector scaling towards temperature scaling.
 
-    It is the mean squared difference (logits², per sample and class) between the calibrated logits
-    a ⊙ z + b and temperature scaling's β z: zero at the TS solution (a = β, b = 0), and a quadratic
-    in each class's (a_c, b_c) with the 2×2 Hessian block (2λ/C)[[m2_c, m1_c], [m1_c, 1]], where
-    m1_c = mean_i z_ic and m2_c = mean_i z_ic².
+    In the temperature-scaled logits x = β z the map is (1 + v) ⊙ x + b with v = a/β − 1, and this is the ridge
+    ρ (‖v‖₂² + ‖b‖₂²) of structured vector scaling (Berta et al., 2026): zero at the TS solution (a = β, b = 0),
+    separable by class, with the constant 2×2 Hessian block 2ρ [[1/β², 0], [0, 1]].
 
     Attributes:
-        strength: λ ≥ 0 (0: no pull).
-        beta: β = 1/T of the temperature-scaling solution pulled towards.
-        first, second: (C,) float64 m1 and m2 of the logits the fit runs on.
+        strength: ρ ≥ 0 (0: no pull), per squared parameter.
+        beta: β = 1/T of the temperature-scaling solution pulled towards (> 0).
     """
 
     strength: float
     beta: float
-    first: torch.Tensor
-    second: torch.Tensor
-
-    @classmethod
-    def of(cls, logits: torch.Tensor, strength: float, beta: float) -> "TowardsTemperature":
-        first = logits.sum(dim=0, dtype=torch.float64) / logits.shape[0]
-        second = logits.square().sum(dim=0, dtype=torch.float64) / logits.shape[0]
-        return cls(float(strength), float(beta), first, second)
 
     def terms(self, scale: torch.Tensor, bias: torch.Tensor) -> Tuple[float, torch.Tensor, torch.Tensor]:
         """(penalty, (2, C) gradient in (a, b), (3, C) Hessian blocks (aa, ab, bb))."""
-        weight = self.strength / scale.shape[0]
-        shift = scale - self.beta
-        value = weight * float((shift.square() * self.second + 2 * shift * bias * self.first + bias.square()).sum())
-        gradient = 2 * weight * torch.stack([shift * self.second + bias * self.first, shift * self.first + bias])
-        blocks = 2 * weight * torch.stack([self.second, self.first, torch.ones_like(self.first)])
+        offset = scale / self.beta - 1
+        value = self.strength * float(offset.square().sum() + bias.square().sum())
+        gradient = 2 * self.strength * torch.stack([offset / self.beta, bias])
+        ones = torch.ones_like(scale)
+        blocks = 2 * self.strength * torch.stack([ones / self.beta**2, torch.zeros_like(scale), ones])
         return value, gradient, blocks
 
 
@@ -121,7 +111,7 @@ def fit_vector_scaling(
     true_sum = torch.zeros(classes, dtype=torch.float64, device=logits.device)
     true_sum.index_add_(0, labels, logits.gather(1, labels[:, None]).squeeze(1).double())
     true_sum /= len(labels)
-    penalty = TowardsTemperature.of(logits, strength, beta)
+    penalty = TowardsTemperature(float(strength), float(beta))
 
     def evaluate(scale: torch.Tensor, bias: torch.Tensor) -> State:
         nll, sums = vector_scaling_pass(logits, labels, scale, bias)

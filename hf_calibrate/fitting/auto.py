@@ -40,9 +40,11 @@ from .probing import probe
 #: the method name that asks for the choice
 AUTO = "auto"
 #: the candidates, simplest first: one temperature; a scale and a bias per class, of the logits (vector) or of the
-#: smoothed log-probabilities (structured vector); a full linear map of the logits (matrix), or of the
-#: log-probabilities (Dirichlet); then the non-parametric maps, which may change predictions
-CANDIDATES = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "histogram", "isotonic")
+#: smoothed log-probabilities (structured vector); a full linear map of the logits (matrix), of the
+#: log-probabilities (Dirichlet) or of the smoothed ones (structured matrix); then the non-parametric maps, which may
+#: change predictions
+CANDIDATES = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "structured_matrix", "histogram",
+              "isotonic")
 
 
 #: the budget a user may give, in seconds: up to a week
@@ -219,7 +221,7 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     folds = stratified_folds(labels, options.folds, engine.options.seed, groups)
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
-        scored = score_candidates(methods, logits, labels, folds, engine, bar)
+        scored = score_candidates(methods, logits, labels, folds, engine, bar, groups)
     if options.heads():
         scored += score_heads(options.heads(), backbone, data, folds, engine, labels, num_classes, options.classifier)
     estimate = None

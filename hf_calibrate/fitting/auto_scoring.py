@@ -3,15 +3,18 @@ so that every row's held-out NLL comes from a fit that never saw it (:mod:`.auto
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import time
 import warnings
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .._warnings import relayed
-from ..calibrators import Calibrator, RegularisedOptions, calibrator_class
+from .._warnings import relayed, warn_user
+from ..calibrators import Calibrator, RegularisedOptions, calibrator_class, lbfgs, memory
+from ..calibrators.linear import DEFAULT_L2, matrix_cost_bound
 from ..calibrators.base import FitContext
 from ..calibrators.holdout import Fold
 from ..calibrators.requirements import (MORE_DATA_FIX, DataRequirements, absent_classes, absent_classes_phrase,
@@ -21,6 +24,9 @@ from .families import fit_on_cached_logits
 
 #: the candidate every other must beat: the simplest, and the one that needs the least data
 REFERENCE = "temperature"
+#: the options whose None asks a method to select a strength by cross-fitting (its summary says which it chose; None
+#: there: the strongest, ∞)
+SELECTED_STRENGTHS = ("l2", "prior")
 #: what a fold's fit reports: nothing (the refit on all the data reports as any fit does)
 QUIET = FitContext(announce=False)
 
@@ -50,10 +56,15 @@ class Scored:
 
 def default_options(method: str, engine: Engine) -> Any:
     """``method``'s default options, with the fit's seed where the method has its own (as ``fit(method=..., seed=...)``
-    sets it)."""
+    sets it), and a linear map's ridge at its default λ (:data:`~hf_calibrate.calibrators.linear.DEFAULT_L2`) without
+    the cross-fitted check against temperature scaling its fit by name makes: auto's paired rule is that check, on
+    auto's own folds (it would cost 5 more fits per fit)."""
     cls = calibrator_class(method)
-    seeded = {"seed": engine.options.seed} if "seed" in {field.name for field in dataclasses.fields(cls.Options)} else {}
-    return cls.Options(**seeded)
+    names = {field.name for field in dataclasses.fields(cls.Options)}
+    given = {"seed": engine.options.seed} if "seed" in names else {}
+    if issubclass(cls.Options, RegularisedOptions):
+        given["l2"] = DEFAULT_L2
+    return cls.Options(**given)
 
 
 def candidate_warnings(method: str, engine: Engine) -> ContextManager[None]:
@@ -64,24 +75,57 @@ def candidate_warnings(method: str, engine: Engine) -> ContextManager[None]:
     return relayed(f"auto, candidate {method} (name the other candidates in candidates=[...] to leave it out): ", engine.is_main)
 
 
-def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine) -> Tuple[Calibrator, Dict[str, Any], Any]:
+def fit_on_all(method: str, logits: torch.Tensor, labels: torch.Tensor, engine: Engine,
+               groups: Optional[torch.Tensor] = None) -> Tuple[Calibrator, Dict[str, Any], Any]:
     """``method`` with its defaults fitted on all the (N, C) ``logits`` and (N,) ``labels`` as a fit of it by name
     would be: (calibrator, fit summary, options). The warnings it raises are said as they happen, named
-    (:func:`candidate_warnings`); its summary's warning lines are the user's only when it is chosen."""
+    (:func:`candidate_warnings`); its summary's warning lines are the user's only when it is chosen. ``groups``: the
+    rows' content ids (computed when None)."""
     options = default_options(method, engine)
     calibrator = calibrator_class(method).create(logits.shape[1], options).to(logits.device)
     with candidate_warnings(method, engine):
-        summary = fit_on_cached_logits(calibrator, options, logits, labels, engine)
+        summary = fit_on_cached_logits(calibrator, options, logits, labels, engine, groups, announce=method not in TIMED)
     return calibrator, summary, options
 
 
+#: the candidates whose fits are L-BFGS runs over a C×C map: timed, and their cost said, before they start
+TIMED = ("matrix", "dirichlet", "structured_matrix")
+
+
+def announce_cost(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],
+                  engine: Engine) -> None:
+    """Before a :data:`TIMED` candidate starts: refuse it (:class:`~hf_calibrate.calibrators.memory.FitTooLargeError`,
+    which leaves it out with the reason) when its fit cannot fit in memory, and say about how long its K + 1 fits will
+    take when that is more than :data:`~hf_calibrate.calibrators.lbfgs.WARN_AFTER_SECONDS`, from one timed evaluation
+    of its objective (:func:`~hf_calibrate.calibrators.linear.matrix_cost_bound`)."""
+    rows, classes = logits.shape
+    if method not in TIMED:
+        return
+    what = f"{method} on {rows:,} x {classes:,} logits"
+    memory.check_fits(calibrator_class(method).footprint, rows, classes, what, logits.device)
+    if not engine.is_main or rows * classes**2 < lbfgs.TIME_FROM_WORK:
+        return
+    bound = matrix_cost_bound(logits.detach().float(), labels, len(folds) + 1, RegularisedOptions().max_iter)
+    if bound.typical_seconds > lbfgs.WARN_AFTER_SECONDS:
+        warn_user(f"auto, candidate {method}: about {lbfgs.duration(bound.typical_seconds)} for its {len(folds) + 1} fits "
+                  f"(on all rows and on {len(folds)} folds; {bound.describe()}); name the other candidates in "
+                  "candidates=[...] to leave it out.")
+
+
 def fold_options(options: Any, summary: Dict[str, Any]) -> Optional[Any]:
-    """The options a candidate is fitted with on the folds: a linear map's l2 strength held at what its fit on all the
-    data chose (its own cross-fitting of that choice would make the folds' fits 5× dearer), other options as they
-    are; None when that fit chose temperature scaling itself (no l2), whose folds are temperature scaling's."""
-    if not isinstance(options, RegularisedOptions) or options.l2 is not None:
-        return options
-    return None if summary.get("l2") is None else dataclasses.replace(options, l2=summary["l2"])
+    """The options a candidate is fitted with on the folds: a strength its options leave to a cross-fitted selection (a
+    linear map's ``l2=None``, a binning's ``prior=None``) held at what its fit on all the data chose (the selection's own
+    K-fold path inside each of auto's folds would make them K times dearer), other options as they are. None when a
+    linear map's selection chose temperature scaling itself, whose folds are temperature scaling's."""
+    for name in SELECTED_STRENGTHS:
+        if hasattr(options, name) and getattr(options, name) is None:
+            chosen = summary.get(name)
+            if chosen is None and isinstance(options, RegularisedOptions):
+                return None
+            held = copy.copy(options)  # set, not replaced: m = ∞ is a candidate of the selection, not an option value
+            setattr(held, name, math.inf if chosen is None else chosen)
+            return held
+    return options
 
 
 def score_folds(folds: Sequence[Fold], samples: int, held_out_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -96,17 +140,20 @@ def score_folds(folds: Sequence[Fold], samples: int, held_out_nll: Callable[[tor
     return scores
 
 
-def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold]) -> torch.Tensor:
+def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],
+                     groups: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(N,) float64 per-sample NLL (nats) of ``method`` with ``options`` on (N, C) ``logits`` and (N,) ``labels``, each
-    sample scored by the fit on the folds that do not hold it. A fold's fitting rows below the method's least data
-    raise :class:`~hf_calibrate.calibrators.InsufficientDataError`."""
+    sample scored by the fit on the folds that do not hold it (``groups``: the rows' content ids, handed to each fold's
+    fit; None: each computes its own). A fold's fitting rows below the method's least data raise
+    :class:`~hf_calibrate.calibrators.InsufficientDataError`."""
     cls = calibrator_class(method)
     needs = getattr(cls, "requirements", DataRequirements())
 
     def held_out_nll(fit_rows: torch.Tensor, held_rows: torch.Tensor) -> torch.Tensor:
         check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs)
         calibrator = cls.create(logits.shape[1], options).to(logits.device)
-        calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, QUIET)
+        context = QUIET if groups is None else dataclasses.replace(QUIET, groups=groups[fit_rows.to(groups.device)])
+        calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, context)
         calibrator.is_fitted = True
         with torch.no_grad():
             held = calibrator(logits[held_rows]).double()
@@ -127,18 +174,20 @@ def absent_classes_reason(method: str, num_classes: int, labels: torch.Tensor) -
 
 
 def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold], engine: Engine,
-                    reference: Optional[torch.Tensor]) -> Scored:
+                    reference: Optional[torch.Tensor], groups: Optional[torch.Tensor] = None) -> Scored:
     """One candidate fitted on all the data and scored by cross-fitting (``reference``: temperature scaling's scores,
-    which a linear map that chose temperature scaling shares). Data below the candidate's least, or that its fit
-    refuses, leave it out with the reason; the reference, temperature scaling, is never excused (its error is the user's)."""
+    which a linear map that chose temperature scaling shares; ``groups``: the rows' content ids). Data below the
+    candidate's least, or that its fit refuses (too little data, too little memory: :func:`announce_cost`), leave it
+    out with the reason; the reference, temperature scaling, is never excused (its error is the user's)."""
     start = time.perf_counter()
     absent = absent_classes_reason(method, logits.shape[1], labels)
     if absent is not None:
         return Scored(method, None, absent, 0.0)
     try:
-        calibrator, summary, options = fit_on_all(method, logits, labels, engine)
+        announce_cost(method, logits, labels, folds, engine)
+        calibrator, summary, options = fit_on_all(method, logits, labels, engine, groups)
         fold = fold_options(options, summary)
-        nll = reference if fold is None else cross_fitted_nll(method, fold, logits, labels, folds)
+        nll = reference if fold is None else cross_fitted_nll(method, fold, logits, labels, folds, groups)
     except ValueError as error:  # InsufficientDataError is one
         if method == REFERENCE:
             raise
@@ -147,11 +196,12 @@ def score_candidate(method: str, logits: torch.Tensor, labels: torch.Tensor, fol
 
 
 def score_candidates(methods: Sequence[str], logits: torch.Tensor, labels: torch.Tensor, folds: Sequence[Fold],
-                     engine: Engine, bar: Any) -> List[Scored]:
-    """:func:`score_candidate` of every method, temperature scaling (the first) included."""
+                     engine: Engine, bar: Any, groups: Optional[torch.Tensor] = None) -> List[Scored]:
+    """:func:`score_candidate` of every method, temperature scaling (the first) included (``groups``: the rows'
+    content ids, computed once by the caller)."""
     scored: List[Scored] = []
     for method in methods:
         reference = scored[0].nll if scored else None
-        scored.append(score_candidate(method, logits, labels, folds, engine, reference))
+        scored.append(score_candidate(method, logits, labels, folds, engine, reference, groups))
         bar.update(1)
     return scored

@@ -80,16 +80,19 @@ def _fit_on_logits(calibrator: Calibrator, options: Any, inputs: FitInputs) -> D
 
 
 def fit_on_cached_logits(calibrator: Calibrator, options: Any, logits: torch.Tensor, labels: torch.Tensor,
-                         engine: Engine) -> Dict[str, Any]:
+                         engine: Engine, groups: Optional[torch.Tensor] = None, announce: bool = True) -> Dict[str, Any]:
     """Fit a logit calibrator on the base's (N, C) ``logits`` and (N,) ``labels``: they are checked against the method's
     :class:`~hf_calibrate.calibrators.requirements.DataRequirements` (refused below them, warned about near them),
     then ``calibrator.fit_logits``. The summary's ``warnings`` hold the data's lines, then the fit's, then
-    :func:`interpolation_warning`'s, then how many rows repeat another (``duplicate_rows``: rows of equal logits)."""
+    :func:`interpolation_warning`'s, then how many rows repeat another (``duplicate_rows``: rows of equal logits).
+    ``groups``: the rows' content ids when the caller has them (else computed here, once, and handed to the fit);
+    ``announce``: whether a long fit says its time first (on the main process; auto says a candidate's itself)."""
     needs = getattr(calibrator, "requirements", DataRequirements())
     checked_labels = check_fit_logits(logits, labels, calibrator.num_classes)
-    groups = content_groups(logits)
+    groups = content_groups(logits) if groups is None else groups
     data_warnings = check_calibration_data(logits, checked_labels, calibrator.method, needs, int(groups.unique().numel()))
-    context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main)
+    context = FitContext(progress=engine.progress, interruptible=engine.world == 1, announce=engine.is_main and announce,
+                         groups=groups)
     summary = dict(calibrator.fit_logits(logits, labels, options, context))
     summary["fit_samples"] = len(labels)
     interpolation = interpolation_warning(calibrator, options, summary, logits, checked_labels)

@@ -268,8 +268,9 @@ def fitted_text(method: str, summary: Mapping[str, Any]) -> Optional[str]:
     selected = summary.get("selected") or {}
     if method == "neural_clamping" and "temperature" in selected:
         return f"T = {selected['temperature']:.4g}, ‖δ‖₂ = {selected['delta_norm']:.4g}"
-    if "epsilon" in summary and summary.get("temperature") is not None:  # structured vector scaling
-        return (f"per-class scales and biases on temperature scaling's log-probabilities (T = {summary['temperature']:.4g}, "
+    if "epsilon" in summary and summary.get("temperature") is not None:  # structured vector / matrix scaling
+        what = "a linear map" if method == "structured_matrix" else "per-class scales and biases"
+        return (f"{what} on temperature scaling's log-probabilities (T = {summary['temperature']:.4g}, "
                 f"uniform mixture ε = {summary['epsilon']:.3g}), ridge l2 = {summary['l2']:g}")
     if "l2" in summary and summary.get("temperature") is not None:
         if summary["l2"] is None:

@@ -42,6 +42,7 @@ STATED_VALUES: Dict[str, Dict[str, Callable[[Tensors], float]]] = {
     "vtst": _HEAD,
     "mac_cal": _HEAD,
     "structured_vector": {"temperature": _structured_temperature, "epsilon": _epsilon},
+    "structured_matrix": {"temperature": _structured_temperature, "epsilon": _epsilon},
     "neural_clamping": {"selected.temperature": _temperature, "selected.delta_norm": _delta_norm},
 }
 

@@ -195,14 +195,15 @@ def test_dirichlet_with_scaled_identity_is_temperature_scaling():
 
 @pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
 def test_a_stronger_pull_stays_closer_to_temperature_scaling(cls):
-    """λ · mean (z' − β x)²: the calibrated logits of a larger λ are closer to TS's, and λ = 0 is the furthest."""
+    """The ridge towards TS: the calibrated log-probabilities of a larger λ are closer to TS's, and λ = 0 is the furthest."""
     logits, labels = miscalibrated(n=600, classes=5, seed=4)
     ts, _ = fitted(TemperatureScaling, logits, labels)
     distances = []
     for strength in (0.0, 0.1, 10.0):
         calibrator, _ = fitted(cls, logits, labels, l2=strength)
         with torch.no_grad():
-            distances.append((calibrator(logits).double() - ts(logits).double()).square().mean().item())
+            change = F.log_softmax(calibrator(logits).double(), 1) - F.log_softmax(ts(logits).double(), 1)
+            distances.append(change.square().mean().item())
     assert distances[0] > distances[1] > distances[2]
 
 
@@ -212,7 +213,7 @@ def test_the_strength_is_selected_by_cross_fitted_nll(cls):
     and it generalises better than the unregularised fit (300 rows, 30 classes)."""
     logits, labels = miscalibrated(n=300, classes=30, seed=1)
     fresh_logits, fresh_labels = miscalibrated(n=4000, classes=30, seed=2)
-    selected, summary = fitted(cls, logits, labels, l2_grid=(1e-4, 1.0, 1e2))
+    selected, summary = fitted(cls, logits, labels, l2=None, l2_grid=(1e-4, 1.0, 1e2))
     loose, _ = fitted(cls, logits, labels, l2=0.0)
     scores = summary["l2_cv_nll"]
     assert list(scores) == ["inf", "100.0", "1.0", "0.0001"][: len(scores)]
@@ -228,40 +229,43 @@ def test_a_fixed_strength_reaches_the_optimum_of_scipys_lbfgs(cls):
     """A fixed λ: our L-BFGS (float64 here) against scipy's L-BFGS-B run to a tight tolerance on the same objective."""
     from scipy.optimize import minimize
 
-    from hf_calibrate.calibrators.linear import matrix_objective
+    from hf_calibrate.calibrators.linear import matrix_objective, ridge_strengths
 
     logits, labels = miscalibrated(n=600, classes=4, seed=3)
     calibrator, summary = fitted(cls, logits, labels, l2=0.5)
-    features = cls.linear_map.features(logits.double())
     beta = 1.0 / summary["temperature"]
+    scaled = beta * cls.linear_map.features(logits.double())
 
     def objective(flat):
-        parameters = {"weight": torch.tensor(flat[:16].reshape(4, 4), requires_grad=True), "bias": torch.tensor(flat[16:], requires_grad=True)}
-        loss = matrix_objective(features, labels, parameters, beta, 0.5)()
+        offset, bias = torch.tensor(flat[:16].reshape(4, 4), requires_grad=True), torch.tensor(flat[16:], requires_grad=True)
+        loss = matrix_objective(scaled, labels, offset, bias, ridge_strengths(0.5, 600, 4))()
         loss.backward()
-        return loss.item(), np.concatenate([parameters["weight"].grad.numpy().ravel(), parameters["bias"].grad.numpy()])
+        return loss.item(), np.concatenate([offset.grad.numpy().ravel(), bias.grad.numpy()])
 
-    start = np.concatenate([np.eye(4).ravel(), np.zeros(4)])
-    reference = minimize(objective, start, jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 10000})
+    reference = minimize(objective, np.zeros(20), jac=True, method="L-BFGS-B", options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 10000})
     assert summary["loss"] <= reference.fun + 1e-7  # nats: far below any visible change
+    weight = beta * (np.eye(4) + reference.x[:16].reshape(4, 4))  # W = β (I + Δ)
     ours = np.concatenate([calibrator.weight.detach().double().numpy().ravel(), calibrator.bias.detach().double().numpy()])
-    np.testing.assert_allclose(ours, reference.x, atol=2e-3)
+    np.testing.assert_allclose(ours, np.concatenate([weight.ravel(), reference.x[16:]]), atol=2e-3)
 
 
 @pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
 def test_the_pull_bounds_the_change_from_temperature_scaling(cls):
-    """At λ > 0 the fit's objective is at most TS's (where the penalty is 0), so λ · mean (z' − β x)² ≤ NLL_TS: the
-    calibrated logits stay within √(NLL_TS / λ) of TS's in mean square, however separable the data (one error here)."""
+    """At λ > 0 the fit's objective is at most TS's (where the ridge is 0), so the ridge λ (C/N) (Σ Δ_cc² + ‖b‖²) +
+    λ (C(C − 1)/N) Σ_{c≠j} Δ_cj² ≤ NLL_TS, with W = β (I + Δ) (a = β (1 + v) for vector scaling): every parameter
+    stays within √(NLL_TS N / (λ C)) of TS's, however separable the data (one error here)."""
     logits, _ = miscalibrated(n=450, classes=10, seed=5)
     labels = logits.argmax(1)
     labels[0] = (labels[0] + 1) % 10
     calibrator, summary = fitted(cls, logits, labels, l2=0.01)
-    beta = 1.0 / summary["temperature"]
-    features = F.log_softmax(logits.double(), 1) if cls is DirichletCalibration else logits.double()
+    beta, (rows, classes) = 1.0 / summary["temperature"], logits.shape
     with torch.no_grad():
-        change = (calibrator(logits.double()) - beta * features).square().mean().item()
+        weight = torch.diag(calibrator.log_scale.double().exp()) if cls is VectorScaling else calibrator.weight.double()
+        offset = weight / beta - torch.eye(classes, dtype=torch.float64)
+        diagonal = offset.diagonal().square().sum() + calibrator.bias.double().square().sum()
+        ridge = 0.01 / rows * (classes * diagonal + classes * (classes - 1) * (offset.square().sum() - offset.diagonal().square().sum()))
         ts_nll = F.cross_entropy(logits.double() * beta, labels).item()
-    assert 0.01 * change <= ts_nll + 1e-6
+    assert float(ridge) <= ts_nll + 1e-6
     assert all(torch.isfinite(parameter).all() for parameter in calibrator.parameters())
 
 
@@ -269,16 +273,20 @@ def _interrupted_at(evaluation: int, monkeypatch):
     """Make matrix scaling's objective raise KeyboardInterrupt (as Ctrl-C) at its ``evaluation``-th call with gradients."""
     from hf_calibrate.calibrators import linear
 
-    calls, transform = [0], linear._matrix_transform
+    calls, make_objective = [0], linear.matrix_objective
 
-    def interrupted(x, parameters):
-        if parameters["weight"].requires_grad:
+    def interrupted(*arguments):
+        objective = make_objective(*arguments)
+
+        def counted():
             calls[0] += 1
             if calls[0] == evaluation:
                 raise KeyboardInterrupt
-        return transform(x, parameters)
+            return objective()
 
-    monkeypatch.setattr(linear, "_matrix_transform", interrupted)
+        return counted
+
+    monkeypatch.setattr(linear, "matrix_objective", interrupted)
 
 
 @pytest.mark.parametrize("l2", [None, 1.0])
@@ -315,7 +323,7 @@ def test_lbfgs_fits_show_progress_per_fit():
         return tqdm(total=total, desc=description, disable=True)
 
     logits, labels = miscalibrated(n=300, classes=4)
-    options = DirichletCalibration.Options(l2_grid=(0.1, 10.0), folds=2)
+    options = DirichletCalibration.Options(l2=None, l2_grid=(0.1, 10.0), folds=2)
     summary = DirichletCalibration(4).fit_logits(logits, labels, options, FitContext(progress=progress))
     expected = [(1250, f"dirichlet: l2 = {strength}, fold {fold} of 2") for strength in ("10", "0.1") for fold in (1, 2)]
     assert bars[:4] == expected[: len(bars[:4])]
@@ -329,8 +337,10 @@ def test_a_long_fit_is_announced_with_its_bound(monkeypatch):
     logits, labels = miscalibrated(n=300, classes=4)
     monkeypatch.setattr(lbfgs, "WARN_AFTER_SECONDS", 0.0)
     monkeypatch.setattr(lbfgs, "TIME_FROM_WORK", 0.0)
-    with pytest.warns(UserWarning, match=r"matrix on 300 x 4 logits: one evaluation .* up to 36 L-BFGS fit\(s\) of at most 1250"):
-        fitted(MatrixScaling, logits, labels)  # 5 folds x 7 strengths + the refit
+    with pytest.warns(UserWarning, match=r"matrix on 300 x 4 logits: one evaluation .* up to 6 L-BFGS fit\(s\) of at most 1250"):
+        fitted(MatrixScaling, logits, labels)  # the default: l2 = 1 on 5 folds against TS, then the refit
+    with pytest.warns(UserWarning, match=r"matrix on 300 x 4 logits: one evaluation .* up to 1 L-BFGS fit\(s\) of at most 1250"):
+        fitted(MatrixScaling, logits, labels, l2=1.0)  # a given l2: one fit
     with warnings.catch_warnings():  # not on the other processes of a distributed fit
         warnings.simplefilter("error")
         options = MatrixScaling.Options()
@@ -529,7 +539,8 @@ def test_unknown_methods_and_options_are_named():
     with pytest.raises(ValueError, match="mode must be one of"):
         HistogramBinning(3, mode="per_class")
     assert set(CALIBRATORS) == {
-        "temperature", "vector", "matrix", "dirichlet", "structured_vector", "histogram", "isotonic", "neural_clamping", "tst",
+        "temperature", "vector", "matrix", "dirichlet", "structured_vector", "structured_matrix", "histogram", "isotonic",
+        "neural_clamping", "tst",
         "vtst", "mac_cal",
     }
 

@@ -110,13 +110,13 @@ def test_a_rows_copies_are_one_sample_in_the_paired_interval():
 # ----------------------------------------------------------------------------- the issue's case: 30 rows × 10
 
 
-def _fit_logits(method: str, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+def _fit_logits(method: str, logits: torch.Tensor, labels: torch.Tensor, **given) -> tuple:
     cls = calibrator_class(method)
-    options = parse_options(cls.Options, {"l2_grid": (10.0, 1.0, 0.01)}, method)  # a short path: a quick test
+    options = parse_options(cls.Options, given, method)
+    calibrator = cls.create(CLASSES, options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls.create(CLASSES, options).fit_logits(logits, labels, options)
-
+        return calibrator, calibrator.fit_logits(logits, labels, options)
 
 
 def _nudged_copies(distinct: int, copies: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,9 +139,20 @@ def test_copies_equal_up_to_rounding_are_one_row():
 def test_a_linear_map_chooses_its_l2_on_copies_as_on_the_distinct_rows(method):
     """Each fold's fit sees every copy of its rows and none of the held-out ones: the mean objective and the held-out
     scores are those of the 30 distinct rows, and so is the choice (on the leaky folds it was the weakest l2)."""
-    copied, distinct = _fit_logits(method, *_copies(30, 10)), _fit_logits(method, *_copies(30, 1))
+    short = {"l2": None, "l2_grid": (10.0, 1.0, 0.01)}  # a short path: a quick test
+    (_, copied), (_, distinct) = _fit_logits(method, *_copies(30, 10), **short), _fit_logits(method, *_copies(30, 1), **short)
     assert copied["l2"] == distinct["l2"]
     assert copied["l2_cv_nll"] == pytest.approx(distinct["l2_cv_nll"], rel=1e-3)  # the same up to the fits' tolerance
+
+
+@pytest.mark.parametrize("method", ["vector", "matrix", "dirichlet", "structured_vector", "structured_matrix"])
+def test_a_ridge_scaled_by_the_rows_counts_a_row_and_its_copies_once(method):
+    """The default ridge λ C/N (and λ C(C − 1)/N) and the smoothing 1/(N + 1) count distinct rows: ten copies of 30 rows
+    are fitted as the 30 rows are (counting copies made the ridge 10× weaker, free to memorise them)."""
+    copied, _ = _fit_logits(method, *_copies(30, 10))
+    distinct, _ = _fit_logits(method, *_copies(30, 1))
+    for (name, got), want in zip(copied.state_dict().items(), distinct.state_dict().values()):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3, msg=name)
 
 
 def test_auto_takes_no_memorised_copy_for_a_held_out_gain():

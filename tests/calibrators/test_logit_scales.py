@@ -32,10 +32,10 @@ def five_classes(rows: int = 200, seed: int = 0):
     return logits, labels
 
 
-def fitted(method: str, logits: torch.Tensor, labels: torch.Tensor):
-    """(calibrator, fit summary) of ``method`` with its defaults on (N, C) logits."""
+def fitted(method: str, logits: torch.Tensor, labels: torch.Tensor, **given):
+    """(calibrator, fit summary) of ``method`` with its defaults (but for ``given``) on (N, C) logits."""
     cls = calibrator_class(method)
-    options = parse_options(cls.Options, {}, method)
+    options = parse_options(cls.Options, given, method)
     calibrator = cls.create(logits.shape[1], options)
     summary = calibrator.fit_logits(logits, labels, options)
     calibrator.is_fitted = True
@@ -149,10 +149,11 @@ def test_a_fit_starting_from_a_temperature_at_its_bound_says_so(method):
 
 
 def test_vector_scales_at_their_bound_on_tiny_logits_are_put_down_to_the_temperature():
-    """Logits × 1e-6: vector's per-class scales end at their bound because the logits are tiny, not because the data
-    separate the classes (what the line said): it points at the temperature's line, which names the scale."""
+    """Logits × 1e-6, fitted without a ridge (l2=0; the default ridge keeps the scales within it): vector's per-class
+    scales end at their bound because the logits are tiny, not because the data separate the classes (what the line
+    said): it points at the temperature's line, which names the scale."""
     logits, labels = five_classes(rows=300)
-    lines = fitted("vector", logits * 1e-6, labels)[1]["warnings"]
+    lines = fitted("vector", logits * 1e-6, labels, l2=0.0)[1]["warnings"]
     (scales,) = [line for line in lines if "per-class scale(s) ended at a bound" in line]
     assert "the temperature it starts from is at its bound too" in scales and "separate" not in scales
     assert any("the logits' scale is far from a model's" in line for line in lines)

@@ -172,11 +172,12 @@ def test_per_class_methods_are_left_out_when_classes_are_absent():
 
 
 def test_the_fit_seed_reaches_the_chosen_methods_own_options():
-    """auto's vector fit is the by-name fit with the same seed: same options, same parameters."""
+    """auto's vector fit is the by-name fit at l2 = 1 (auto's paired rule is its check against TS) with the same seed:
+    same options, same parameters."""
     logits, labels = _logits_and_labels(150, 7, bias=(2.0, 0.0, 0.0, -2.0))
     data = TensorDataset(logits, labels)
     chosen = _fit_auto(logits, labels, candidates=["vector"], seed=7)
-    by_name = CalibratedModel.fit(nn.Identity(), data, method="vector", seed=7, progress=False)
+    by_name = CalibratedModel.fit(nn.Identity(), data, method="vector", seed=7, l2=1.0, progress=False)
     assert chosen.method == "vector" and chosen.provenance["options"] == by_name.provenance["options"]
     assert chosen.provenance["options"]["seed"] == 7
     torch.testing.assert_close(chosen(logits), by_name(logits))

@@ -113,7 +113,8 @@ def _fit_warnings(method: str, logits: torch.Tensor, labels: torch.Tensor, **opt
 
 
 def test_a_fit_that_interpolates_its_rows_says_so_with_the_l2_it_chose():
-    model, said = _fit_warnings("vector", *_fixable_by_a_bias())
+    grid = (1e2, 1e1, 1.0, 0.1, 1e-2, 1e-3, 1e-4)  # l2 chosen by cross-fitting along a path
+    model, said = _fit_warnings("vector", *_fixable_by_a_bias(), l2=None, l2_grid=grid)
     lines = [line for line in said if line.startswith("vector fits its calibration data exactly (in-sample NLL ")]
     assert len(lines) == 1 and "all 60 rows correct" in lines[0] and "held-out results are what count" in lines[0]
     assert f"chose l2 = {model.fit_summary['l2']:g}, the weakest of its grid" in lines[0]
@@ -133,8 +134,8 @@ def test_an_l2_given_is_not_called_chosen_and_a_fit_that_does_not_interpolate_sa
 
 
 def test_a_candidates_warnings_reach_the_user_during_auto_once_and_named(monkeypatch):
-    """Matrix's time warning (every fit timed here) is said before auto chooses, named, at the caller's line; a warning
-    each of its fits raises (on all the rows, then on each of 5 folds) is said once."""
+    """Matrix's time (every fit timed here) is said before it starts, once, for its K + 1 fits, named, at the caller's
+    line; a warning each of its fits raises (on all the rows, then on each of 5 folds) is said once."""
     monkeypatch.setattr(lbfgs, "TIME_FROM_WORK", 0)
     monkeypatch.setattr(lbfgs, "WARN_AFTER_SECONDS", 0.0)
     defaults = auto_scoring.default_options
@@ -155,5 +156,5 @@ def test_a_candidates_warnings_reach_the_user_during_auto_once_and_named(monkeyp
     named = "auto, candidate matrix (name the other candidates in candidates=[...] to leave it out): "
     timed = [w for w in caught if "L-BFGS fit(s)" in str(w.message)]
     assert len(timed) == 1 and timed[0] in said_before_choosing and timed[0].filename == __file__
-    assert str(timed[0].message).startswith(f"{named}matrix on 60 x 3 logits")
+    assert str(timed[0].message).startswith("auto, candidate matrix: about ") and "for its 6 fits (on all rows and on 5 folds" in str(timed[0].message)
     assert [str(w.message) for w in caught if "said by each fit" in str(w.message)] == [f"{named}matrix: said by each fit"]

@@ -148,6 +148,7 @@ def test_every_metric_results_name_has_one_entry_in_the_catalog():
     ("temperature", {}, r"^T = \d"),
     ("vector", {"l2": 0.5}, r"^pulled towards temperature scaling \(T = [\d.]+\) with l2 = 0.5$"),
     ("isotonic", {"prior": 5.0}, r"^prior m = 5 pseudo-samples"),
+    ("structured_matrix", {}, r"^a linear map on temperature scaling's log-probabilities \(T = [\d.]+, uniform mixture ε = [\d.e-]+\), ridge l2 = 1$"),
     ("neural_clamping", {"epochs": 1, "lr": 0.1}, r"^T = [\d.]+, ‖δ‖₂ = [\d.e-]+$"),
 ])
 def test_what_a_fit_learnt_is_said_from_its_summary(method, options, expected):

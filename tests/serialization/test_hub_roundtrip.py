@@ -45,6 +45,7 @@ CASES = [
     ("vit", "vtst"),
     ("bert", "mac_cal"),
     ("timm", "structured_vector"),
+    ("vit", "structured_matrix"),
 ]
 # reference-only repos: the base lives in its own repo, pinned by commit
 REFERENCE_CASES = [("timm", "neural_clamping"), ("vit", "temperature")]
