@@ -96,42 +96,47 @@ def content_groups(rows: torch.Tensor) -> torch.Tensor:
 
 def _equal_content(rows: torch.Tensor) -> torch.Tensor:
     """:func:`content_groups` before rows at the floor are set apart: equal and near-equal rows share an id."""
-    flat = rows.detach().reshape(len(rows), -1)
+    flat = rows.detach().reshape(len(rows), -1).cpu()
     per_chunk = max(1, GROUP_CHUNK_BYTES // max(1, flat.shape[1] * flat.element_size()))
     digests = np.array([hashlib.blake2b(row.tobytes(), digest_size=16).digest() for chunk in flat.split(per_chunk)
-                        for row in chunk.cpu().contiguous().view(torch.uint8).numpy()], dtype="S16")
+                        for row in chunk.contiguous().view(torch.uint8).numpy()], dtype="S16")
     _, first, exact = np.unique(digests, return_index=True, return_inverse=True)
-    distinct = flat[torch.from_numpy(first)].cpu()
     tolerance = max(NEAR_TOLERANCE, 4 * torch.finfo(flat.dtype).eps) if flat.is_floating_point() else 0.0
-    pairs = _near_pairs(distinct, tolerance) if len(distinct) > 1 else np.empty((0, 2), dtype=np.int64)
+    pairs = _near_pairs(flat, torch.from_numpy(first), tolerance) if len(first) > 1 else np.empty((0, 2), dtype=np.int64)
     if not len(pairs):
         return torch.from_numpy(exact.reshape(-1).astype(np.int64))
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(distinct), len(distinct)))
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(first), len(first)))
     near = connected_components(graph, directed=False)[1]
     return torch.from_numpy(np.unique(near, return_inverse=True)[1][exact.reshape(-1)].astype(np.int64))
 
 
-def _near_pairs(distinct: torch.Tensor, tolerance: float) -> np.ndarray:
-    """(P, 2) index pairs of the (G, D) ``distinct`` rows that agree within ``tolerance`` × (the larger of their
-    largest magnitudes, at least 1e-12): each row against its :data:`NEAR_NEIGHBOURS` next ones along a seeded random
-    projection (rows equal up to rounding project to nearly the same point). A pair must agree on its first
+def _near_pairs(flat: torch.Tensor, first: torch.Tensor, tolerance: float) -> np.ndarray:
+    """(P, 2) index pairs into ``first`` (G,) (one row of each exact content, of the (N, D) ``flat`` rows) of the
+    distinct rows that agree within ``tolerance`` × (the larger of their largest magnitudes, at least 1e-12): each row
+    against its :data:`NEAR_NEIGHBOURS` next ones along a seeded random projection (rows equal up to rounding project to
+    nearly the same point; computed a chunk at a time, in float32 for float32 rows). A pair must agree on its first
     :data:`PROBE_COLUMNS` values to agree on all, so only pairs that do are compared in full: on rows that differ that
     is almost none (25,000 × 1,000 logits: 0.4 s instead of 2.4 s)."""
-    values = distinct.double()
-    direction = torch.randn(values.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    order = torch.argsort(values @ direction)
-    scale = values.abs().amax(dim=1).clamp_min(1e-12)
-    probe = values[:, :PROBE_COLUMNS].contiguous()
+    work = torch.promote_types(flat.dtype if flat.is_floating_point() else torch.float64, torch.float32)
+    direction = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(work)
+    projected, scale = [], []
+    for chunk in flat.split(max(1, GROUP_CHUNK_BYTES // max(1, 8 * flat.shape[1]))):
+        values = chunk.to(work)
+        projected.append(values @ direction)
+        scale.append(torch.maximum(-values.amin(dim=1), values.amax(dim=1)))  # (aminmax is 7× slower here)
+    order = torch.argsort(torch.cat(projected)[first])
+    scale = torch.cat(scale)[first].double().clamp_min(1e-12)
+    probe = flat[first, :PROBE_COLUMNS].double()
     found = []
     for shift in range(1, min(NEAR_NEIGHBOURS, len(order) - 1) + 1):
         left, right = order[:-shift], order[shift:]
         bound = tolerance * torch.maximum(scale[left], scale[right])
         candidate = (probe[left] - probe[right]).abs().amax(dim=1) <= bound
         left, right, bound = left[candidate], right[candidate], bound[candidate]
-        close = (values[left] - values[right]).abs().amax(dim=1) <= bound
+        close = (flat[first[left]].double() - flat[first[right]].double()).abs().amax(dim=1) <= bound
         found.append(torch.stack([left[close], right[close]], dim=1))
     return torch.cat(found).numpy()
 
@@ -209,12 +214,28 @@ def _first_rows(groups: Optional[torch.Tensor], count: int) -> Tuple[torch.Tenso
 
 #: salt of the cross-fitting folds' generator (with the seed and the sample count)
 FOLDS_SALT = 0xF01D5
-#: folds of the cross-fitted selection of every regularised logit method (vector, matrix, Dirichlet, binning)
+#: folds of the cross-fitted selection of every regularised logit method (vector, matrix, Dirichlet, binning) and of
+#: ``method="auto"``
 DEFAULT_FOLDS = 5
+#: folds from :data:`LARGE_LOGITS` values on: each fit on half the rows, 1 data-sized fit instead of 4 (on 20,000 × 500
+#: and 25,000 × 1,000 logits the linear maps' checks and auto chose as with 5 folds, and the binning priors moved within
+#: their grid by at most .0006 nats held-out: benchmarks/results/fold_count.md)
+LARGE_FOLDS = 2
+#: logit values (rows × classes) from which :func:`default_folds` is :data:`LARGE_FOLDS`: 10,000 rows of 1,000 classes
+LARGE_LOGITS = 10_000_000
 #: the candidates' held-out path stops after its score has risen this many times in a row
 PATH_PATIENCE = 2
 
 Fold = Tuple[torch.Tensor, torch.Tensor]
+
+
+def default_folds(folds: Optional[int], rows: int, classes: int) -> int:
+    """K of a cross-fitted selection on (``rows``, ``classes``) logits: ``folds`` when given, else
+    :data:`DEFAULT_FOLDS` (5), or :data:`LARGE_FOLDS` (2) from :data:`LARGE_LOGITS` values on, where every held-out row
+    still scores the choice and a fit on half the rows is as telling (a 5-fold check would cost 4 data-sized fits)."""
+    if folds is not None:
+        return folds
+    return LARGE_FOLDS if rows * classes >= LARGE_LOGITS else DEFAULT_FOLDS
 
 
 def fold_assignment(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -246,6 +267,29 @@ def stratified_folds(labels: torch.Tensor, folds: int, seed: int, groups: Option
     assignment = fold_assignment(labels, folds, seed, groups)
     return [((assignment != k).nonzero().squeeze(1), (assignment == k).nonzero().squeeze(1))
             for k in range(int(assignment.max()) + 1)]
+
+
+class FoldLayout:
+    """Rows arranged fold by fold (held-out part of fold 0, then of fold 1, …), once: then a fold's held-out rows are a
+    view, and so are its fitting rows when they are one run (the first and last folds; both folds of K = 2), where
+    gathering them per fold would copy the (N, C) logits K times twice."""
+
+    def __init__(self, folds: Sequence[Fold]) -> None:
+        self.order = torch.cat([held for _, held in folds])
+        self.bounds = [0, *torch.tensor([len(held) for _, held in folds]).cumsum(0).tolist()]
+
+    def arrange(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (N, ...) in fold order (a copy)."""
+        return rows[self.order.to(rows.device)]
+
+    def held(self, arranged: torch.Tensor, fold: int) -> torch.Tensor:
+        """Fold ``fold``'s held-out rows of ``arranged`` rows (a view)."""
+        return arranged[self.bounds[fold]:self.bounds[fold + 1]]
+
+    def fitting(self, arranged: torch.Tensor, fold: int) -> torch.Tensor:
+        """Fold ``fold``'s fitting rows of ``arranged`` rows: every other fold's (a view when they are one run)."""
+        before, after = arranged[:self.bounds[fold]], arranged[self.bounds[fold + 1]:]
+        return after if not len(before) else before if not len(after) else torch.cat([before, after])
 
 
 @dataclasses.dataclass

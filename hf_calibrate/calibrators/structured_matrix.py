@@ -11,7 +11,8 @@ with β, ε and x as in :mod:`.structured_vector`, and Δ ∈ R^{C×C}, b ∈ R^
     mean NLL + λ (C/N) (Σ_c Δ_cc² + ‖b‖₂²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj²
 
 a ridge towards (smoothed) temperature scaling, Δ = 0, b = 0, stronger on the C(C − 1) off-diagonal weights
-than on the C per-class ones. Convex in (Δ, b); L-BFGS (:func:`.lbfgs.minimise`) finds the minimum, after
+than on the C per-class ones. Convex in (Δ, b); L-BFGS (:func:`.lbfgs.minimise`) finds the minimum, moving Δ
+through :func:`.linear.isotropic_scale`'s variables (in which that ridge is the same in every direction), after
 its :mod:`.memory` footprint has been checked against the memory free. Unlike
 :class:`~hf_calibrate.calibrators.DirichletCalibration` (W log softmax(z) + b) the log-probabilities are those of
 the temperature-scaled logits, smoothed, so a row's log-sum-exp and the mixture's floor enter the map.
@@ -25,7 +26,7 @@ import torch
 
 from . import lbfgs
 from .base import fit_context
-from .linear import MATRIX_FOOTPRINT, matrix_cost_bound, ridge_strengths
+from .linear import MATRIX_FOOTPRINT, isotropic_scale, matrix_cost_bound, ridge_strengths
 from .structured_vector import StructuredVectorScaling
 
 
@@ -52,6 +53,11 @@ class StructuredMatrixScaling(StructuredVectorScaling):
             advice = "Use structured_vector (seconds), or a larger l2 (a stronger ridge converges in fewer iterations)."
             lbfgs.warn_if_long(what, matrix_cost_bound(like, labels, 1, options.max_iter), advice)
         return super()._new_offset(classes, like, options)
+
+    @staticmethod
+    def _offset(free: torch.Tensor) -> torch.Tensor:
+        """Δ = S ⊙ U (:func:`.linear.isotropic_scale`: the ridge is the same in every direction of U)."""
+        return free * isotropic_scale(free.shape[0], free.dtype, free.device)
 
     @staticmethod
     def _map(x: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,11 @@ class StructuredVectorScaling(Calibrator):
         return torch.zeros((classes,) * self.offset_dims, dtype=like.dtype, device=like.device, requires_grad=True)
 
     @staticmethod
+    def _offset(free: torch.Tensor) -> torch.Tensor:
+        """The offset from the variables L-BFGS moves (here the offset itself)."""
+        return free
+
+    @staticmethod
     def _map(x: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """(1 + v) ⊙ x + b."""
         return x * (1 + offset) + bias
@@ -130,22 +135,24 @@ class StructuredVectorScaling(Calibrator):
         beta = 1.0 if separable else fitted_beta  # as the temperature method keeps it
         epsilon = torch.tensor(options.smoothing / (rows + 1), dtype=work.dtype, device=work.device)
         x = smoothed_log_probabilities(work, torch.tensor(beta, dtype=work.dtype, device=work.device), epsilon)
-        offset = self._new_offset(classes, x, options)
+        free = self._new_offset(classes, x, options)
         bias = torch.zeros(classes, dtype=x.dtype, device=x.device, requires_grad=True)
 
         def objective() -> torch.Tensor:
+            offset = self._offset(free)
             return F.cross_entropy(self._map(x, offset, bias), labels) + self._ridge(offset, bias, options.l2, rows)
 
-        summary = lbfgs.minimise([offset, bias], objective, options.max_iter, self.title)
+        summary = lbfgs.minimise([free, bias], objective, options.max_iter, self.title)
+        offset = self._offset(free.detach())
         lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
-        lines += self._fit_lines(offset.detach(), bias.detach(), summary, options)
+        lines += self._fit_lines(offset, bias.detach(), summary, options)
         with torch.no_grad():
-            getattr(self, self.offset_name).copy_(offset.detach())
+            getattr(self, self.offset_name).copy_(offset)
             self.bias.copy_(bias.detach())
             self.inverse_temperature.fill_(beta)
             self.epsilon.fill_(float(epsilon))
         return {**summary, "temperature": 1.0 / beta, "l2": options.l2, "strength": options.l2 * classes / rows,
-                "epsilon": float(epsilon), f"largest_{self.offset_name}": float(offset.detach().abs().max()),
+                "epsilon": float(epsilon), f"largest_{self.offset_name}": float(offset.abs().max()),
                 "largest_bias": float(bias.detach().abs().max()), "warnings": lines}
 
     def _fit_lines(self, offset: torch.Tensor, bias: torch.Tensor, summary: Dict[str, Any], options: Any) -> List[str]:

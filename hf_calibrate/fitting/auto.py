@@ -28,7 +28,7 @@ from .. import _distributed
 from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, options_to_dict
 from ..calibrators.base import Range, check_fields, check_fit_logits, ranged, require
-from ..calibrators.holdout import content_groups, paired_difference, repeated_rows, shown_below_zero, stratified_folds
+from ..calibrators.holdout import content_groups, default_folds, paired_difference, repeated_rows, shown_below_zero, stratified_folds
 from ..data import CalibrationData
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from .auto_clamping import CLAMPING, budget_reason, estimated_seconds, score_clamping
@@ -60,8 +60,9 @@ class AutoOptions:
             ``"tst"``, ``"vtst"``, ``"mac_cal"`` (default: the logit methods, and Neural Clamping under a budget; the
             heads only when named: auto trains K + 1 heads each). Temperature scaling is always a candidate: it is the
             reference the others must beat.
-        folds: K of the K-fold cross-fitting that scores the logit candidates (2 to 20, default 5; at most the number
-            of calibration samples).
+        folds: K of the K-fold cross-fitting that scores the candidates (2 to 20; default None: 5, or 2 from 10⁷ logit
+            values on, e.g. 10,000 × 1,000, where auto chose as with 5 in benchmarks/results/fold_count.md; at most the
+            number of calibration samples).
         budget: seconds the whole choice may take (default None: no budget, and Neural Clamping does not take part).
             It decides only whether Neural Clamping takes part: when the estimate of its fit (from the timed pass of the
             base model) fits in what the other candidates (logit methods, then the named heads) leave of it; its row
@@ -72,13 +73,13 @@ class AutoOptions:
     """
 
     candidates: Optional[Sequence[str]] = None
-    folds: int = 5
+    folds: Optional[int] = None
     budget: Optional[float] = ranged(None, BUDGET)
     classifier: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_fields(self)
-        require(2 <= self.folds <= 20, "folds", self.folds, "an integer from 2 to 20")
+        require(self.folds is None or 2 <= self.folds <= 20, "folds", self.folds, "an integer from 2 to 20, or None")
         if self.candidates is None:
             require(self.classifier is None, "classifier", self.classifier,
                     f"left out, or a head method ({', '.join(HEADS)}) named among the candidates: it names the layer a head "
@@ -218,7 +219,8 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     pass_seconds = time.perf_counter() - started
     labels = check_fit_logits(logits, labels, num_classes)
     groups = content_groups(logits)  # a row's copies: in one fold, and one sample in the intervals
-    folds = stratified_folds(labels, options.folds, engine.options.seed, groups)
+    asked = default_folds(options.folds, *logits.shape)
+    folds = stratified_folds(labels, asked, engine.options.seed, groups)
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar, groups)
@@ -233,9 +235,9 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     calibrator, summary, chosen_options, pass_warnings = next(entry.fitted for entry in scored if entry.method == choice.method)
     for warning in pass_warnings if engine.is_main else []:
         warn_user(str(warning.message), warning.category)
-    if len(folds) < options.folds:
+    if len(folds) < asked:
         distinct = "" if len(folds) == len(labels) else " that differ (a row and its copies go together)"
-        summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={options.folds} is more than the {len(folds)} "
+        summary["warnings"] = [*summary.get("warnings", []), f"auto: folds={asked} is more than the {len(folds)} "
                                f"calibration rows{distinct}; {len(folds)} folds were used (one "
                                f"{'row' if not distinct else 'distinct row and its copies'} held out in each)."]
     summary["auto"] = auto_record(scored, choice, logits, labels, len(folds), groups)

@@ -224,6 +224,25 @@ def test_the_strength_is_selected_by_cross_fitted_nll(cls):
         assert nll(selected) < nll(loose)
 
 
+@pytest.mark.parametrize("classes", [2, 3, 10])
+def test_the_variables_lbfgs_moves_make_the_ridge_the_same_in_every_direction(classes):
+    """Δ = S ⊙ U (``isotropic_scale``): the ridge of (U, b) is ρ_d (‖U‖² + ‖b‖²) whatever λ and N, and the objective is
+    the one of Δ."""
+    from hf_calibrate.calibrators.linear import isotropic_scale, matrix_objective, ridge_strengths
+
+    generator = torch.Generator().manual_seed(classes)
+    scaled, labels = torch.randn(50, classes, generator=generator, dtype=torch.float64), torch.arange(50) % classes
+    free, bias = torch.randn(classes, classes, generator=generator, dtype=torch.float64), torch.randn(classes, generator=generator, dtype=torch.float64)
+    scale, no_map = isotropic_scale(classes, torch.float64, torch.device("cpu")), torch.zeros(classes, classes, dtype=torch.float64)
+    for l2, rows in ((1.0, 50), (0.3, 7)):
+        ridge = ridge_strengths(l2, rows, classes)
+        data_term = torch.nn.functional.cross_entropy(torch.addmm(bias, scaled, (free * scale).t()) + scaled, labels)
+        penalty = matrix_objective(scaled, labels, free, bias, ridge, scale)() - data_term
+        assert float(penalty) == pytest.approx(ridge[0] * float(free.square().sum() + bias.square().sum()), rel=1e-12)
+        assert float(matrix_objective(scaled, labels, free, bias, ridge, scale)()) == float(matrix_objective(scaled, labels, free * scale, bias, ridge)())
+    assert float(matrix_objective(scaled, labels, no_map, bias * 0, (1.0, 1.0), scale)()) == pytest.approx(float(torch.nn.functional.cross_entropy(scaled, labels)))
+
+
 @pytest.mark.parametrize("cls", [MatrixScaling, DirichletCalibration])
 def test_a_fixed_strength_reaches_the_optimum_of_scipys_lbfgs(cls):
     """A fixed λ: our L-BFGS (float64 here) against scipy's L-BFGS-B run to a tight tolerance on the same objective."""

@@ -291,7 +291,7 @@ def test_a_head_chosen_by_auto_is_its_fit_by_name_on_the_layer_auto_was_told(mon
         chosen = CalibratedModel.fit(module, data, method="auto", candidates=["mac_cal"], classifier="2", progress=False)
     by_name = CalibratedModel.fit(module, data, method="mac_cal", classifier="2", progress=False)
     assert chosen.method == "mac_cal" and chosen.calibrator.classifier == by_name.calibrator.classifier == "2"
-    assert chosen.fit_summary["auto"]["options"] == {"candidates": ["mac_cal"], "folds": 5, "budget": None, "classifier": "2"}
+    assert chosen.fit_summary["auto"]["options"] == {"candidates": ["mac_cal"], "folds": None, "budget": None, "classifier": "2"}
     assert not [warning for warning in caught if "nn.Linear layers" in str(warning.message)]
     inputs = data.tensors[0]
     torch.testing.assert_close(chosen(inputs), by_name(inputs))

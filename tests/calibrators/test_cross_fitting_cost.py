@@ -1,0 +1,91 @@
+"""What the cross-fitted checks cost on large logits, as properties: the fold count's rule (5 folds, 2 from
+``LARGE_LOGITS`` logit values on, a number given always wins) reaches every check; a fold layout hands each fold
+exactly its rows; vector scaling's one-pass sums are the gradient and Hessian blocks autograd gives, at float32 as
+at float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hf_calibrate import CalibratedModel
+from hf_calibrate.calibrators import holdout
+from hf_calibrate.calibrators.holdout import FoldLayout, default_folds, stratified_folds
+from hf_calibrate.calibrators.linear import MatrixScaling, RegularisedOptions, fit_vector
+from hf_calibrate.calibrators.vector_newton import vector_scaling_pass
+
+
+def test_the_fold_count_is_five_below_the_threshold_two_from_it_and_a_given_number_always():
+    rows = holdout.LARGE_LOGITS // 1000
+    assert default_folds(None, rows - 1, 1000) == holdout.DEFAULT_FOLDS == 5
+    assert default_folds(None, rows, 1000) == holdout.LARGE_FOLDS == 2
+    assert default_folds(7, rows, 1000) == 7 and default_folds(3, 10, 2) == 3
+
+
+def _logits(rows: int, classes: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, classes, generator=generator)
+    labels = torch.multinomial(torch.softmax(logits / 2 + torch.linspace(-1, 1, classes), 1), 1, generator=generator).squeeze(1)
+    return logits, labels
+
+
+def test_auto_cross_fits_two_folds_from_the_threshold_on_and_the_folds_it_is_given(monkeypatch):
+    logits, labels = _logits(200, 4, 0)
+    data = TensorDataset(logits, labels)
+
+    def folds_of(**options) -> int:
+        model = CalibratedModel.fit(nn.Identity(), data, method="auto", candidates=["vector"], progress=False, **options)
+        return model.fit_summary["auto"]["folds"]
+
+    assert folds_of() == 5
+    monkeypatch.setattr(holdout, "LARGE_LOGITS", logits.numel())
+    assert folds_of() == 2 and folds_of(folds=4) == 4
+
+
+def test_a_checked_fit_cross_fits_two_folds_from_the_threshold_on(monkeypatch):
+    """The same fit with the threshold at its logits' size is the fit with ``folds=2`` given."""
+    logits, labels = _logits(300, 4, 1)
+    expected = fit_vector(logits, labels, RegularisedOptions(folds=2))[1]["l2_cv_nll"]
+    assert expected != fit_vector(logits, labels, RegularisedOptions())[1]["l2_cv_nll"]
+    monkeypatch.setattr(holdout, "LARGE_LOGITS", logits.numel())
+    assert fit_vector(logits, labels, RegularisedOptions())[1]["l2_cv_nll"] == expected
+    assert MatrixScaling(4).cost_bound(logits.double(), labels, RegularisedOptions()).fits == 3
+
+
+@pytest.mark.parametrize("folds", [2, 3, 5])
+def test_a_fold_layout_hands_each_fold_exactly_its_rows(folds):
+    labels = torch.randint(0, 3, (41,), generator=torch.Generator().manual_seed(folds))
+    split = stratified_folds(labels, folds, 0)
+    layout = FoldLayout(split)
+    arranged = layout.arrange(torch.arange(len(labels)))
+    for fold, (fit_rows, held_rows) in enumerate(split):
+        assert torch.equal(layout.fitting(arranged, fold).sort().values, fit_rows)
+        assert torch.equal(layout.held(arranged, fold).sort().values, held_rows)
+        if folds == 2:  # both fitting parts are one run: views, not copies
+            assert layout.fitting(arranged, fold).untyped_storage().data_ptr() == arranged.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(dtype, tolerance):
+    """Over more rows than one chunk (``chunk_rows``), the pass's (loss, Σ p z − Σ z_y, Σ p − counts) are the mean NLL
+    and its gradient in (a, b), and its (Σ z² q, Σ z q, Σ q) the diagonal 2×2 Hessian blocks."""
+    logits, labels = _logits(3000, 300, 2)
+    scale = (0.4 + 0.2 * torch.rand(300, generator=torch.Generator().manual_seed(3))).double()
+    bias = 0.3 * torch.randn(300, generator=torch.Generator().manual_seed(4)).double()
+    loss, sums = vector_scaling_pass(logits.to(dtype), labels, scale, bias)
+
+    z = logits.double()
+    a, b = scale.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+    reference = nn.functional.cross_entropy(z * a + b, labels)
+    grad_a, grad_b = torch.autograd.grad(reference, (a, b), create_graph=True)
+    counts = torch.bincount(labels, minlength=300).double() / len(labels)
+    true_sums = torch.zeros(300, dtype=torch.float64).index_add_(0, labels, z.gather(1, labels[:, None]).squeeze(1)) / len(labels)
+    assert loss == pytest.approx(float(reference.detach()), rel=tolerance)
+    torch.testing.assert_close(sums[0] - true_sums, grad_a.detach(), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(sums[1] - counts, grad_b.detach(), rtol=tolerance, atol=tolerance)
+    blocks = [torch.autograd.grad(grad[c], wrt, retain_graph=True)[0][c] for c in range(3)
+              for grad, wrt in ((grad_a, a), (grad_a, b), (grad_b, b))]
+    expected = torch.tensor(blocks, dtype=torch.float64).reshape(3, 3).T  # rows: aa, ab, bb; columns: classes 0–2
+    torch.testing.assert_close(sums[2:, :3], expected, rtol=10 * tolerance, atol=10 * tolerance)
