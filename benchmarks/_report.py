@@ -71,6 +71,17 @@ def parse(parser_: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None
     return args
 
 
+def run_once(script: str, doc: Optional[str], title: str, body: Callable[[argparse.Namespace], List[str]],
+             notes: Sequence[str], name: str, argv: Optional[Sequence[str]] = None) -> int:
+    """``main`` of a benchmark measured once (no timed rounds): the shared options, then a report of ``title``, the
+    machine, ``body(args)``'s Markdown lines and ``notes``, printed and (full run) written to ``results/<name>.md``."""
+    args = parse(parser(doc, default_repeats=1, quick_repeats=1), argv)
+    session = Session(script, args)
+    lines = body(args)
+    session.finish("\n".join([*session.header(title, ["torch"]), *lines, *notes]) + "\n", name, write_default=not args.quick)
+    return 0
+
+
 # ----------------------------------------------------------------------------- machine
 
 

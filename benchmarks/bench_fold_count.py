@@ -24,6 +24,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 import warnings
@@ -136,18 +137,17 @@ NOTES = [
 ]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = _report.parser(__doc__, default_repeats=1, quick_repeats=1)
-    args = _report.parse(parser, argv)
-    session = _report.Session("bench_fold_count.py", args)
+def report_lines(args: argparse.Namespace) -> List[str]:
     lines = []
     for title, rows, uncalibrated in measure(args.quick):
         lines += [f"### {title}", "", f"Uncalibrated held-out NLL: {uncalibrated:.4f}.", "",
                   *_report.table(HEADERS, rows, "llrrlrrlr"), ""]
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     title = "Folds of the default checks on large logits: 5 against 2 (issue 41)"
-    text = "\n".join([*session.header(title, ["torch"]), *lines, *NOTES]) + "\n"
-    session.finish(text, NAME, write_default=not args.quick)
-    return 0
+    return _report.run_once("bench_fold_count.py", __doc__, title, report_lines, NOTES, NAME, argv)
 
 
 if __name__ == "__main__":
