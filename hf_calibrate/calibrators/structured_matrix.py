@@ -21,12 +21,13 @@ the temperature-scaled logits, smoothed, so a row's log-sum-exp and the mixture'
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 
 from . import lbfgs
 from .base import fit_context
-from .linear import MATRIX_FOOTPRINT, isotropic_scale, matrix_cost_bound, ridge_strengths
+from .linear import MATRIX_FOOTPRINT, Ridge, isotropic_scale, matrix_cost_bound, matrix_objective
 from .structured_vector import StructuredVectorScaling
 
 
@@ -64,9 +65,8 @@ class StructuredMatrixScaling(StructuredVectorScaling):
         """x + Δ x + b."""
         return torch.addmm(bias, x, offset.t()) + x
 
-    def _ridge(self, offset: torch.Tensor, bias: torch.Tensor, l2: float, rows: int) -> torch.Tensor:
-        """λ (C/N) (Σ_c Δ_cc² + ‖b‖₂²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj² (:func:`.linear.ridge_strengths`)."""
-        diagonal, off_diagonal = ridge_strengths(l2, rows, self.num_classes)
-        squares = offset.square()
-        on_diagonal = squares.diagonal().sum()
-        return diagonal * (on_diagonal + bias.square().sum()) + off_diagonal * (squares.sum() - on_diagonal)
+    def _objective(self, x: torch.Tensor, labels: torch.Tensor, free: torch.Tensor, bias: torch.Tensor,
+                   ridge: Ridge) -> Callable[[], torch.Tensor]:
+        """Matrix scaling's objective (:func:`.linear.matrix_objective`) on the features ``x``, with Δ = S ⊙ U of the
+        (C, C) ``free`` U: λ (C/N) (Σ_c Δ_cc² + ‖b‖₂²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj² beside the mean NLL."""
+        return matrix_objective(x, labels, free, bias, ridge, isotropic_scale(x.shape[1], x.dtype, x.device))

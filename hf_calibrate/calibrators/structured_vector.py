@@ -24,7 +24,7 @@ scaling on test NLL in every case, where our vector scaling did not (benchmarks/
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from torch import nn
 from . import lbfgs
 from .base import Calibrator, Range, check_fields, ranged, require
 from .holdout import distinct_rows, fit_groups
-from .linear import ridge_strengths
+from .linear import Ridge, ridge_strengths
 from .memory import Footprint, work_dtype
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_warnings
@@ -122,9 +122,15 @@ class StructuredVectorScaling(Calibrator):
         """(1 + v) ⊙ x + b."""
         return x * (1 + offset) + bias
 
-    def _ridge(self, offset: torch.Tensor, bias: torch.Tensor, l2: float, rows: int) -> torch.Tensor:
-        """λ (C/N) (‖v‖₂² + ‖b‖₂²) (:func:`.linear.ridge_strengths`' diagonal strength)."""
-        return ridge_strengths(l2, rows, self.num_classes)[0] * (offset.square().sum() + bias.square().sum())
+    def _objective(self, x: torch.Tensor, labels: torch.Tensor, free: torch.Tensor, bias: torch.Tensor,
+                   ridge: Ridge) -> Callable[[], torch.Tensor]:
+        """() → mean NLL of :meth:`_map` + ρ_d (‖v‖₂² + ‖b‖₂²) at the current (C,) ``free`` v and (C,) ``bias`` on the
+        (N, C) features ``x`` (``ridge``: :func:`.linear.ridge_strengths`' (ρ_d, ρ_o))."""
+
+        def objective() -> torch.Tensor:
+            return F.cross_entropy(self._map(x, free, bias), labels) + ridge[0] * (free.square().sum() + bias.square().sum())
+
+        return objective
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "StructuredVectorScaling.Options") -> Dict[str, Any]:
         classes = logits.shape[1]
@@ -137,11 +143,7 @@ class StructuredVectorScaling(Calibrator):
         x = smoothed_log_probabilities(work, torch.tensor(beta, dtype=work.dtype, device=work.device), epsilon)
         free = self._new_offset(classes, x, options)
         bias = torch.zeros(classes, dtype=x.dtype, device=x.device, requires_grad=True)
-
-        def objective() -> torch.Tensor:
-            offset = self._offset(free)
-            return F.cross_entropy(self._map(x, offset, bias), labels) + self._ridge(offset, bias, options.l2, rows)
-
+        objective = self._objective(x, labels, free, bias, ridge_strengths(options.l2, rows, classes))
         summary = lbfgs.minimise([free, bias], objective, options.max_iter, self.title)
         offset = self._offset(free.detach())
         lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
