@@ -140,7 +140,7 @@ def ours(method: str) -> Callable[[torch.Tensor, torch.Tensor], Predict]:
 
 def auto(logits: torch.Tensor, labels: torch.Tensor) -> Predict:
     """``method="auto"`` on the cached logits, as ``CalibratedModel.fit`` runs it after its one pass of the base."""
-    from hf_calibrate.calibrators.holdout import content_groups, default_folds, stratified_folds
+    from hf_calibrate.calibrators.holdout import content_groups, cross_fitting_folds, default_folds
     from hf_calibrate.fitting.auto import CANDIDATES, choose
     from hf_calibrate.fitting.auto_scoring import score_candidates
     from hf_calibrate.fitting.engine import Engine, EngineOptions
@@ -150,7 +150,7 @@ def auto(logits: torch.Tensor, labels: torch.Tensor) -> Predict:
             pass
 
     groups = content_groups(logits)
-    folds = stratified_folds(labels, default_folds(None, *logits.shape), 0, groups)
+    folds = cross_fitting_folds(labels, default_folds(None, *logits.shape), 0, groups)
     scored = score_candidates(list(CANDIDATES), logits, labels, folds, Engine(EngineOptions()), NoBar(), groups)
     method = choose(scored, groups).method
     calibrator = next(entry.fitted[0] for entry in scored if entry.method == method)

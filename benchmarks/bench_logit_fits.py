@@ -330,7 +330,7 @@ def report(session: _report.Session, results: Results) -> str:
         "cache-sized chunk with float64 accumulation (`hf_calibrate.calibrators.temperature`); vector scaling "
         "starts at the TS optimum and takes Newton steps with the exact per-class 2×2 Hessian blocks, a chunk's "
         "column sums taken as matrix-vector products (`hf_calibrate.calibrators.vector_newton`); matrix/Dirichlet start at the TS optimum and run "
-        "strong-Wolfe L-BFGS in float32 at this size (float64 below 2^24 logits)."),
+        "strong-Wolfe L-BFGS in float32 at this size (float64 up to 2^16 logit values: `memory.FLOAT64_MAX_ELEMENTS`)."),
         ("- The Guo et al. baseline is their published recipe (`nn.Parameter(torch.ones(1) * 1.5)`, "
         "`optim.LBFGS([temperature], lr=0.01, max_iter=50)`); with lr=0.01 it can stop far from the optimum — "
         "compare its T and NLL."),

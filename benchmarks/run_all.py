@@ -16,7 +16,9 @@ full run):
 * ``fit_cost``   — ``bench_fit_cost.py`` (every logit method and auto at 450 × 10, 5,000 × 100, 25,000 × 1,000: time,
   memory and held-out NLL, probmetrics beside);
 * ``fold_count`` — ``bench_fold_count.py`` (the default checks' folds on large logits: 5 against 2, paired);
-* ``fold_leak`` — ``bench_fold_leak.py`` (class-stratified folds against a new draw where TS is the truth);
+* ``fold_leak`` — ``bench_fold_leak.py`` (folds dealt by class or at random: against a new draw where TS is the truth,
+  and auto on the zoo);
+* ``fit_precision`` — ``bench_fit_precision.py`` (logit fits in float32 against float64: time and held-out NLL);
 * ``mac_cal_ablation`` — ``bench_mac_cal_ablation.py`` (where MaC-Cal's gain comes from: paired arms against its default);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
@@ -65,7 +67,8 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "safe_defaults": ("bench_safe_defaults.py", "quality", "safe defaults: every logit method's default vs uncalibrated and TS, peers beside"),
     "fit_cost": ("bench_fit_cost.py", "speed and quality", "logit methods and auto at the sizes users have: time, peak memory, held-out NLL, probmetrics beside"),
     "fold_count": ("bench_fold_count.py", "quality", "the default checks' folds on large logits: 5 against 2, paired"),
-    "fold_leak": ("bench_fold_leak.py", "quality", "class-stratified folds against a new draw where TS is the truth"),
+    "fold_leak": ("bench_fold_leak.py", "quality", "folds dealt by class or at random: against a new draw where TS is the truth, and auto on the zoo"),
+    "fit_precision": ("bench_fit_precision.py", "speed and quality", "logit fits in float32 against float64: time and held-out NLL"),
     "mac_cal_ablation": ("bench_mac_cal_ablation.py", "quality", "MaC-Cal ablation: each part of the reconstruction against its default, paired"),
     "auto_budget": ("bench_auto_budget.py", "quality and speed", "method=\"auto\" with a budget: Neural Clamping and MaC-Cal as candidates, NC's time estimate"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),

@@ -19,7 +19,7 @@ from .neural_clamping import NeuralClamping, focal_loss
 from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
 from .mac_cal import MaskedClassifierHead
 # isort: on
-from .holdout import select_by_cross_fitting, stratified_folds
+from .holdout import cross_fitting_folds, select_by_cross_fitting
 from .requirements import DataRequirements, InsufficientDataError
 from . import heads as _heads, mac_cal as _mac_cal
 
@@ -48,6 +48,7 @@ __all__ = [
     "VariationalTwoStageHead",
     "VectorScaling",
     "calibrator_class",
+    "cross_fitting_folds",
     "fit_dirichlet",
     "fit_inverse_temperature",
     "fit_matrix",
@@ -56,7 +57,6 @@ __all__ = [
     "options_to_dict",
     "parse_options",
     "select_by_cross_fitting",
-    "stratified_folds",
 ]
 
 

@@ -40,7 +40,7 @@ import torch
 
 from ..metrics.functional import equal_width_bin_index
 from .base import Calibrator, Range, check_fields, chunk_rows, ranged, require
-from .holdout import default_folds, fit_groups, select_by_cross_fitting, stratified_folds
+from .holdout import cross_fitting_folds, default_folds, fit_groups, select_by_cross_fitting
 from .isotonic_ovr import one_vs_rest_isotonic_knots
 from .memory import Footprint
 from .requirements import DataRequirements
@@ -135,7 +135,7 @@ class PriorOptions:
             NLL among ∞ (temperature scaling averaged per bin) and ``prior_grid``.
         prior_grid: candidate m values, each in (0, 1e6] (default 1000, 300, 100, 30, 10, 3, 1), tried strongest first
             until two in a row do not improve the cross-fitted NLL.
-        folds: K of the stratified K-fold cross-fitting (default None: 5, or 2 from 10⁷ logit values on).
+        folds: K of the K-fold cross-fitting (default None: 5, or 2 from 10⁷ logit values on).
         seed: seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
     """
 
@@ -193,7 +193,7 @@ def select_prior(
     """
     if options.prior is not None:
         return options.prior, {}
-    folds = stratified_folds(labels, default_folds(options.folds, *logits.shape), options.seed, fit_groups(logits))
+    folds = cross_fitting_folds(labels, default_folds(options.folds, *logits.shape), options.seed, fit_groups(logits))
 
     def held_out_nll(prior: float, fold: int) -> torch.Tensor:
         fit_rows, held_rows = (rows.to(logits.device) for rows in folds[fold])

@@ -3,10 +3,11 @@
 * :func:`holdout_split`, one held-out part: the fitting engine's ``Engine.split_indices`` (Neural
   Clamping, the head methods), so the same seed and sample count hold out the same samples
   (docs/design.md §3.0);
-* :func:`stratified_folds` and :func:`select_by_cross_fitting`, K-fold cross-fitting: how every
+* :func:`cross_fitting_folds` and :func:`select_by_cross_fitting`, K-fold cross-fitting: how every
   regularised logit method (vector, matrix and Dirichlet calibration, histogram binning, isotonic
-  regression) chooses its regularisation strength on held-out NLL, every calibration sample
-  held out once.
+  regression) chooses its regularisation strength on held-out NLL, and how ``method="auto"`` scores
+  its candidates, every calibration sample held out once. The rows are dealt at random, not by class
+  (:func:`fold_assignment` says why).
 
 Both keep copies together: given ``groups``, the (N,) content ids of :func:`content_groups` (rows whose bytes are
 equal: the same input, for a deterministic model), they deal whole groups, so that no held-out row has a copy among
@@ -219,7 +220,7 @@ FOLDS_SALT = 0xF01D5
 DEFAULT_FOLDS = 5
 #: folds from :data:`LARGE_LOGITS` values on: each fit on half the rows, 1 data-sized fit instead of 4 (on 20,000 × 500
 #: and 25,000 × 1,000 logits the linear maps' checks and auto chose as with 5 folds, and the binning priors moved within
-#: their grid by at most .0006 nats held-out: benchmarks/results/fold_count.md)
+#: their grid by at most .0003 nats held-out: benchmarks/results/fold_count.md)
 LARGE_FOLDS = 2
 #: logit values (rows × classes) from which :func:`default_folds` is :data:`LARGE_FOLDS`: 10,000 rows of 1,000 classes
 LARGE_LOGITS = 10_000_000
@@ -239,14 +240,21 @@ def default_folds(folds: Optional[int], rows: int, classes: int) -> int:
 
 
 def fold_assignment(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(N,) int64 fold number (0 … K − 1) of each row of (N,) ``labels``: a seeded, stratified K-fold deal.
+    """(N,) int64 fold number (0 … K − 1) of each row of (N,) ``labels``: a seeded K-fold deal of the rows at random,
+    a rare class's rows apart.
 
-    Each class's rows are shuffled by a generator seeded by ``seed`` and the sample count, then
-    dealt round-robin over the folds, continuing from one class to the next, so every fold holds
-    each class's rows to within one and the folds' sizes differ by at most one. K is ``min(folds, N)``.
-    With (N,) ``groups`` (:func:`content_groups`) the same deal is of the G groups (a group's class: its first
-    row's), each row going with its group: K is ``min(folds, G)``, and N is G in the above.
+    The rows are shuffled by a generator seeded by ``seed`` and the row count. The rows of each class with fewer than
+    K rows come first, class by class, then every other row in shuffled order, and all are dealt round-robin over the
+    folds: the folds' sizes differ by at most one, a rare class's rows go to different folds (so no fold's fit loses
+    the class: binary data with 2 rows of one class keep both classes in every fold), and every other row's fold is
+    random. K is ``min(folds, N)``. With (N,) ``groups`` (:func:`content_groups`) the same deal is of the G groups (a
+    group's class: its first row's), each row going with its group: K is ``min(folds, G)``, and N is G in the above.
     Needs N ≥ 2 (else a ValueError with the fix).
+
+    Why not by class: folds stratified by class give each fold's fit the held-out rows' exact class frequencies, which
+    a new draw does not share, so a map with per-class biases scores better held out than it will on new data (by
+    .009–.021 nats where temperature scaling is the truth, and ``method="auto"`` chose such maps over it;
+    benchmarks/results/fold_leak.md). Dealt at random, a fold's class frequencies vary as a new draw's do.
     """
     first, member = _first_rows(groups, int(labels.shape[0]))
     count = len(first)
@@ -254,16 +262,19 @@ def fold_assignment(labels: torch.Tensor, folds: int, seed: int, groups: Optiona
         raise ValueError(f"cross-fitting needs at least 2 calibration samples, got {count}; calibrate on more held-out data.")
     folds = min(int(folds), count)
     permutation = torch.randperm(count, generator=seeded_generator(seed, count, FOLDS_SALT))
-    group_labels = labels.cpu()[first]
-    order = permutation[torch.sort(group_labels[permutation], stable=True).indices]  # shuffled within each class
+    shuffled = labels.cpu()[first][permutation]
+    sizes = torch.bincount(shuffled)
+    rare_first = torch.where(sizes[shuffled] < folds, shuffled, torch.full_like(shuffled, len(sizes)))
+    order = permutation[torch.sort(rare_first, stable=True).indices]
     dealt = torch.empty(count, dtype=torch.long)
     dealt[order] = torch.arange(count) % folds
     return dealt[member]
 
 
-def stratified_folds(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> List[Fold]:
-    """Seeded, stratified K-fold split of ``range(len(labels))``: K (fit, held-out) pairs of sorted int64 indices,
-    from :func:`fold_assignment` (``groups``: copies kept in one fold); every row is held out exactly once."""
+def cross_fitting_folds(labels: torch.Tensor, folds: int, seed: int, groups: Optional[torch.Tensor] = None) -> List[Fold]:
+    """Seeded K-fold split of ``range(len(labels))``: K (fit, held-out) pairs of sorted int64 indices, from
+    :func:`fold_assignment` (rows dealt at random, a rare class's to different folds; ``groups``: copies kept in one
+    fold); every row is held out exactly once."""
     assignment = fold_assignment(labels, folds, seed, groups)
     return [((assignment != k).nonzero().squeeze(1), (assignment == k).nonzero().squeeze(1))
             for k in range(int(assignment.max()) + 1)]

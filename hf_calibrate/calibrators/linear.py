@@ -16,7 +16,7 @@ log p for Dirichlet), the map is written W = β (I + Δ), a = β (1 + v), and
 strength grows with the parameters per class and falls as the N (distinct) rows grow. TS itself is λ = ∞
 (for Dirichlet softmax(β log p) = softmax(β z)). By default (``l2=None``) λ = 1, probmetrics' ``svs``/``sms``
 default, is checked against TS itself by K-fold cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`:
-stratified seeded folds that keep rows of equal logits together; a tie keeps TS), then the choice is refitted
+seeded folds of rows dealt at random, keeping rows of equal logits together; a tie keeps TS), then the choice is refitted
 on all the data: K + 1 fits (the ridge alone was worse than TS beyond the paired interval on 100 distinct
 rows of the BBC MiniLM, benchmarks/results/safe_defaults.md). K is 5, or 2 from 10⁷ logit values on
 (:func:`.holdout.default_folds`), where each fold is a view of the rows arranged fold by fold
@@ -47,7 +47,7 @@ from . import lbfgs
 from .memory import SMALLER_MAP, Footprint, work_dtype
 from .base import Calibrator, Range, check_fields, fit_context, ranged, require
 from .requirements import DataRequirements
-from .holdout import Fold, FoldLayout, default_folds, distinct_rows, fit_groups, select_by_cross_fitting, stratified_folds
+from .holdout import Fold, FoldLayout, cross_fitting_folds, default_folds, distinct_rows, fit_groups, select_by_cross_fitting
 from .temperature import GUO_2017_CITATION, fit_inverse_temperature, near_bound, temperature_warnings
 from .vector_newton import SCALE_BOUNDS, fit_vector_scaling
 
@@ -91,7 +91,7 @@ class RegularisedOptions:
         l2_grid: with ``l2=None``, the candidate λ values, each in (0, 1e4] (default just 1.0, probmetrics' svs/sms
             default, checked against temperature scaling), tried strongest first until two in a row do not improve
             the cross-fitted NLL.
-        folds: with ``l2=None``, K of the stratified K-fold cross-fitting (default None: 5, or 2 from 10⁷ logit values
+        folds: with ``l2=None``, K of the K-fold cross-fitting (default None: 5, or 2 from 10⁷ logit values
             on, e.g. 10,000 × 1,000: :func:`.holdout.default_folds`; at most the number of samples).
         seed: with ``l2=None``, seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
         max_iter: iterations at most per fit (default 1000): Newton for vector scaling, L-BFGS for
@@ -155,7 +155,7 @@ def fit_towards_temperature(linear_map: LinearMap, logits: torch.Tensor, labels:
     strength = options.l2
     if strength is None:
         try:
-            folds = stratified_folds(labels, default_folds(options.folds, *logits.shape), options.seed, groups)
+            folds = cross_fitting_folds(labels, default_folds(options.folds, *logits.shape), options.seed, groups)
             fold_nll = _held_out_nll(linear_map, x, labels, options, folds, groups)
             selection = select_by_cross_fitting((math.inf, *options.l2_grid), folds, fold_nll)
         except _Interrupted:

@@ -107,7 +107,7 @@ class NeuralClamping(Calibrator):
         * ``"lbfgs"`` (the default): full-batch L-BFGS on (δ, log T) from δ = 0 and T = the TS
           optimum, one pass of the base model over the fitting rows per iteration (forward and
           backward to the input), with the ``ridge`` penalty, stopped early on cross-fitted held-out
-          data: the calibration data are split into ``folds`` stratified folds, one run per fold is
+          data: the calibration data are split into ``folds`` folds (rows dealt at random), one run per fold is
           scored on its held-out fold after every iteration, and the iteration (with γ, λ, ρ) that
           minimises the pooled held-out criterion is kept — the mean of the fold runs' (δ, log T)
           there (``refit``) — or, when no iteration beats iteration 0 (δ = 0: temperature scaling),

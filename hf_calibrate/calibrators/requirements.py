@@ -61,17 +61,18 @@ class DataRequirements:
 
 
 def check_calibration_data(logits: torch.Tensor, labels: torch.Tensor, method: str, needs: DataRequirements,
-                           distinct: Optional[int] = None) -> List[str]:
+                           distinct: Optional[int] = None, where: str = "the calibration data") -> List[str]:
     """Refuse (:class:`InsufficientDataError`) (N, C) ``logits`` and (N,) ``labels`` below ``needs``; return one warning
     line per lesser problem (few rows, absent classes, outlier rows, probabilities given as logits). ``distinct``: how
-    many of the rows are distinct (copies teach a held-out choice nothing new)."""
+    many of the rows are distinct (copies teach a held-out choice nothing new); ``where``: what the rows are, in the
+    refusal's words."""
     errors = int((logits.argmax(dim=1) != labels).sum())
-    lines = check_labels(labels, logits.shape[1], method, needs, errors, distinct)  # refuses before the checks of the values
+    lines = check_labels(labels, logits.shape[1], method, needs, errors, distinct, where)  # refuses before the values' checks
     return probability_warnings(logits) + lines + outlier_warnings(logits)
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, method: str, needs: DataRequirements,
-                 errors: Optional[int] = None, distinct: Optional[int] = None) -> List[str]:
+                 errors: Optional[int] = None, distinct: Optional[int] = None, where: str = "the calibration data") -> List[str]:
     """Refuse (:class:`InsufficientDataError`) the (N,) ``labels`` of a ``num_classes``-class model below ``needs``' rows
     and distinct classes (and misclassified rows, when the base's count ``errors`` is given); return a line for fewer
     (``distinct``, when given) rows than advised, and one naming the absent classes where ``needs.per_class`` (or only
@@ -83,7 +84,7 @@ def check_labels(labels: torch.Tensor, num_classes: int, method: str, needs: Dat
     facts = f"{rows} rows, {present} classes" + ("" if errors is None else f", {errors} misclassified")
     for count, least, what in counts:
         if count < least:
-            raise InsufficientDataError(f"{method} needs at least {least} {what} in the calibration data, which have {count} "
+            raise InsufficientDataError(f"{method} needs at least {least} {what} in {where}, which have {count} "
                                         f"({facts}). {MORE_DATA_FIX}")
     lines = []
     unique = rows if distinct is None else distinct

@@ -28,7 +28,7 @@ from .. import _distributed
 from .._warnings import warn_user
 from ..calibrators import Calibrator, InvalidOptionError, options_to_dict
 from ..calibrators.base import Range, check_fields, check_fit_logits, ranged, require
-from ..calibrators.holdout import content_groups, default_folds, paired_difference, repeated_rows, shown_below_zero, stratified_folds
+from ..calibrators.holdout import content_groups, cross_fitting_folds, default_folds, paired_difference, repeated_rows, shown_below_zero
 from ..data import CalibrationData
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from .auto_clamping import CLAMPING, budget_reason, estimated_seconds, score_clamping
@@ -220,7 +220,7 @@ def fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, en
     labels = check_fit_logits(logits, labels, num_classes)
     groups = content_groups(logits)  # a row's copies: in one fold, and one sample in the intervals
     asked = default_folds(options.folds, *logits.shape)
-    folds = stratified_folds(labels, asked, engine.options.seed, groups)
+    folds = cross_fitting_folds(labels, asked, engine.options.seed, groups)
     methods = options.methods()
     with engine.progress(len(methods), f"auto: {len(methods)} methods, each fitted and {len(folds)}-fold cross-fitted") as bar:
         scored = score_candidates(methods, logits, labels, folds, engine, bar, groups)

@@ -150,7 +150,9 @@ def cross_fitted_nll(method: str, options: Any, logits: torch.Tensor, labels: to
     needs = getattr(cls, "requirements", DataRequirements())
 
     def held_out_nll(fit_rows: torch.Tensor, held_rows: torch.Tensor) -> torch.Tensor:
-        check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs)
+        check_calibration_data(logits[fit_rows], labels[fit_rows], method, needs,
+                               where=f"each fold's fitting rows (one of auto's {len(folds)} folds fits on {len(fit_rows)} "
+                                     f"of the {len(labels)} rows)")
         calibrator = cls.create(logits.shape[1], options).to(logits.device)
         context = QUIET if groups is None else dataclasses.replace(QUIET, groups=groups[fit_rows.to(groups.device)])
         calibrator.fit_logits(logits[fit_rows], labels[fit_rows], options, context)

@@ -11,7 +11,7 @@ objective here carries that ridge explicitly, (ρ/2)·(‖δ‖₂² + (log T �
 
 Procedure (docs/design.md §3.2):
 
-1. one forward pass caches the base logits; the selection plan is ``folds`` stratified folds
+1. one forward pass caches the base logits; the selection plan is ``folds`` folds (rows dealt at random)
    (default 2 for 50–10,000 samples), a single ``holdout_fraction`` part, ``validation_data``, or
    nothing (``holdout_fraction=0`` with one fold); folds and part keep rows of equal base logits (copies
    of one input) together (:func:`~hf_calibrate.calibrators.holdout.fold_assignment`);

@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import holdout
-from hf_calibrate.calibrators.holdout import FoldLayout, default_folds, stratified_folds
+from hf_calibrate.calibrators.holdout import FoldLayout, cross_fitting_folds, default_folds
 from hf_calibrate.calibrators.linear import MatrixScaling, RegularisedOptions, fit_vector
 from hf_calibrate.calibrators.vector_newton import vector_scaling_pass
 
@@ -57,7 +57,7 @@ def test_a_checked_fit_cross_fits_two_folds_from_the_threshold_on(monkeypatch):
 @pytest.mark.parametrize("folds", [2, 3, 5])
 def test_a_fold_layout_hands_each_fold_exactly_its_rows(folds):
     labels = torch.randint(0, 3, (41,), generator=torch.Generator().manual_seed(folds))
-    split = stratified_folds(labels, folds, 0)
+    split = cross_fitting_folds(labels, folds, 0)
     layout = FoldLayout(split)
     arranged = layout.arrange(torch.arange(len(labels)))
     for fold, (fit_rows, held_rows) in enumerate(split):

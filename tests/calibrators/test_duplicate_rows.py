@@ -22,7 +22,7 @@ import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import calibrator_class, parse_options
 from hf_calibrate.calibrators.holdout import (
-    content_groups, fold_assignment, holdout_split, note_repeated_rows, paired_difference, repeated_rows, stratified_folds,
+    content_groups, cross_fitting_folds, fold_assignment, holdout_split, note_repeated_rows, paired_difference, repeated_rows,
 )
 from hf_calibrate.fitting.calibrate import CalibrationFitWarning
 
@@ -61,13 +61,13 @@ def test_content_groups_give_equal_rows_one_id_and_count_the_copies():
 @pytest.mark.parametrize("folds, seed", [(2, 0), (5, 1), (5, 2)])
 def test_folds_and_hold_outs_never_split_a_rows_copies(folds, seed):
     """Rows repeated 1 to 4 times in a shuffled order: no fold has a row on one side and a copy on the other; every row
-    is held out once, and the folds still spread each class evenly over the distinct rows."""
+    is held out once."""
     logits, labels = _problem(60, seed)
     times = torch.arange(60) % 4 + 1
     order = torch.randperm(int(times.sum()), generator=torch.Generator().manual_seed(seed))
     logits, labels = logits.repeat_interleave(times, 0)[order], labels.repeat_interleave(times)[order]
     groups = content_groups(logits)
-    split = stratified_folds(labels, folds, seed, groups)
+    split = cross_fitting_folds(labels, folds, seed, groups)
     assert len(split) == folds
     assert torch.equal(torch.cat([held for _, held in split]).sort().values, torch.arange(len(labels)))
     assert all(not _split_groups(groups, fit, held) for fit, held in split)
@@ -81,7 +81,7 @@ def test_folds_and_hold_outs_never_split_a_rows_copies(folds, seed):
 
 def test_fewer_distinct_rows_than_folds_make_fewer_folds():
     logits, labels = _copies(3, 10)
-    split = stratified_folds(labels, 5, 0, content_groups(logits))
+    split = cross_fitting_folds(labels, 5, 0, content_groups(logits))
     assert len(split) == 3 and all(len(held) == 10 for _, held in split)
 
 
@@ -89,12 +89,12 @@ def test_without_copies_the_folds_and_splits_are_the_ungrouped_ones():
     """Distinct rows, any group ids: the same folds and split as without groups, and as before groups existed."""
     labels = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2])
     ids = torch.randperm(12, generator=torch.Generator().manual_seed(5)) * 7
-    assert fold_assignment(labels, 3, 0, ids).tolist() == fold_assignment(labels, 3, 0).tolist() == [0, 1, 2, 1, 0, 0, 2, 1, 1, 0, 2, 2]
+    assert fold_assignment(labels, 3, 0, ids).tolist() == fold_assignment(labels, 3, 0).tolist() == [2, 1, 0, 0, 1, 2, 0, 0, 1, 1, 2, 2]
     grouped, plain = holdout_split(12, 0.25, 0, ids), holdout_split(12, 0.25, 0)
     assert [part.tolist() for part in grouped] == [part.tolist() for part in plain] == [[0, 1, 2, 3, 6, 7, 9, 10, 11], [4, 5, 8]]
     logits, labels = _problem(200, 3)
-    ungrouped = stratified_folds(labels, 5, 3)
-    for (fit, held), (fit_again, held_again) in zip(stratified_folds(labels, 5, 3, content_groups(logits)), ungrouped):
+    ungrouped = cross_fitting_folds(labels, 5, 3)
+    for (fit, held), (fit_again, held_again) in zip(cross_fitting_folds(labels, 5, 3, content_groups(logits)), ungrouped):
         assert torch.equal(fit, fit_again) and torch.equal(held, held_again)
 
 

@@ -168,14 +168,14 @@ def test_auto_leaves_out_a_map_too_large_for_memory_naming_its_estimate(monkeypa
     """In auto the refusal leaves the C×C candidates out before they start, with the estimate as the reason; the others
     are fitted as usual."""
     from hf_calibrate.calibrators import memory
-    from hf_calibrate.calibrators.holdout import content_groups, stratified_folds
+    from hf_calibrate.calibrators.holdout import content_groups, cross_fitting_folds
     from hf_calibrate.fitting.auto_scoring import score_candidates
     from hf_calibrate.fitting.engine import Engine, EngineOptions
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1_100_000)  # enough for TS and structured vector only
     logits, labels = _data(6, rows=400, classes=20, sharpness=0.5)  # every class present
     logits, groups = logits.float(), content_groups(logits)
-    folds = stratified_folds(labels, 5, 0, groups)
+    folds = cross_fitting_folds(labels, 5, 0, groups)
     bar = type("Bar", (), {"update": lambda self, count: None})()
     scored = {entry.method: entry for entry in score_candidates(
         ["temperature", "structured_vector", "matrix", "structured_matrix"], logits, labels, folds, Engine(EngineOptions()), bar, groups)}

@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 from _tiny_models import NUM_CLASSES, plain_data, plain_module
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import ClassifierLayerError
-from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, fit_inverse_temperature, stratified_folds
+from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, cross_fitting_folds, fit_inverse_temperature
 from hf_calibrate.fitting import auto
 from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, choose
 from hf_calibrate.fitting.auto_scoring import Scored, cross_fitted_nll
@@ -96,7 +96,7 @@ def test_left_out_candidates_do_not_take_part():
 
 def test_each_sample_is_scored_by_a_fit_that_did_not_see_it():
     logits, labels = _logits_and_labels(300, 0, scale=2.0)
-    folds = stratified_folds(labels, 5, 0)
+    folds = cross_fitting_folds(labels, 5, 0)
     scores = cross_fitted_nll("temperature", TemperatureScaling.Options(), logits, labels, folds)
     expected = torch.empty(len(labels), dtype=torch.float64)
     for fit_rows, held_rows in folds:
@@ -156,6 +156,16 @@ def test_candidates_below_their_least_data_are_left_out_with_the_reason():
     assert model.method == "temperature"
     assert "misclassified" in rows["vector"]["excluded"] and "misclassified" in rows["isotonic"]["excluded"]
     assert rows["vector"]["held_out_nll"] is None
+
+
+def test_a_fold_below_a_candidates_least_data_is_named_as_the_fold_not_the_data():
+    """12 rows: each of the 5 folds fits on 9 or 10 of them, below isotonic's 10; the reason says so, not that the
+    user's data (12 rows) are below it."""
+    logits, labels = _logits_and_labels(12, 4)
+    model = _fit_auto(logits, labels, candidates=["isotonic"])
+    reason = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}["isotonic"]["excluded"]
+    assert "each fold's fitting rows (one of auto's 5 folds fits on 9 of the 12 rows)" in reason
+    assert "calibration data" not in reason
 
 
 def test_per_class_methods_are_left_out_when_classes_are_absent():

@@ -60,17 +60,15 @@ def test_lbfgs_first_step_is_cautious_and_a_minimum_is_converged():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 6), min_size=10, max_size=200), st.integers(2, 7), st.integers(0, 2**31 - 1))
-def test_folds_are_balanced_per_class_and_seeded(labels, folds, seed):
+def test_folds_are_even_sized_seeded_and_spread_a_rare_class(labels, folds, seed):
     labels = torch.tensor(labels)
-    folds = min(folds, len(labels))
     assignment = fold_assignment(labels, folds, seed)
     assert torch.equal(assignment, fold_assignment(labels, folds, seed))
     sizes = torch.bincount(assignment, minlength=folds)
-    assert int(sizes.max() - sizes.min()) <= 1
+    assert len(sizes) == folds and int(sizes.max() - sizes.min()) <= 1
     for label in labels.unique():
-        per_fold = torch.bincount(assignment[labels == label], minlength=folds)
-        assert int(per_fold.max() - per_fold.min()) <= 1  # each class takes contiguous positions, dealt out in turn
-        assert int(per_fold.sum()) == int((labels == label).sum())
+        if int((labels == label).sum()) < folds:  # a rare class: its rows in different folds
+            assert int(torch.bincount(assignment[labels == label]).max()) == 1
 
 
 def test_automatic_folds_and_too_many_folds():
