@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import _report
-from bench_fit_cost import problems, synthetic, warm_up
+from bench_fit_cost import Predict, ours, problems, synthetic, warm_up
 
 NAME = "fit_precision"
 METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "structured_matrix", "histogram", "isotonic")
@@ -42,24 +42,19 @@ def held_out_draw(size: str, data: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tens
     """The rows a fit is scored on: the digits' other half, or 20,000 new rows of the synthetic labels."""
     if size == "digits":
         return data[2], data[3]
-    count, classes = (int(part) for part in size.split("x"))
-    return synthetic(20_000, classes, 99)
+    return synthetic(20_000, int(size.split("x")[1]), 99)
 
 
-def fit_once(method: str, limit: float, logits: torch.Tensor, labels: torch.Tensor) -> Tuple[float, torch.nn.Module]:
-    """Seconds of one fit of ``method`` with ``memory.FLOAT64_MAX_ELEMENTS`` = ``limit``, and the fitted calibrator."""
-    from hf_calibrate.calibrators import calibrator_class, memory, parse_options
+def fit_once(method: str, limit: float, logits: torch.Tensor, labels: torch.Tensor) -> Tuple[float, Predict]:
+    """Seconds of one default fit of ``method`` (``bench_fit_cost.ours``) with ``memory.FLOAT64_MAX_ELEMENTS`` =
+    ``limit``, and its logits → probabilities."""
+    from hf_calibrate.calibrators import memory
 
-    cls = calibrator_class(method)
-    options = parse_options(cls.Options, {}, method)
-    calibrator = cls.create(logits.shape[1], options)
     with mock.patch.object(memory, "FLOAT64_MAX_ELEMENTS", limit), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        calibrator.fit_logits(logits, labels, options)
-        seconds = time.perf_counter() - start
-    calibrator.is_fitted = True
-    return seconds, calibrator
+        predict = ours(method)(logits, labels)
+        return time.perf_counter() - start, predict
 
 
 def compare(method: str, data: Tuple[torch.Tensor, ...], held: Tuple[torch.Tensor, torch.Tensor], rounds: int) -> Tuple[str, ...]:
@@ -70,10 +65,10 @@ def compare(method: str, data: Tuple[torch.Tensor, ...], held: Tuple[torch.Tenso
     losses: Dict[str, torch.Tensor] = {}
     for _ in range(rounds):
         for name, limit in PRECISIONS.items():
-            seconds, calibrator = fit_once(method, limit, data[0], data[1])
+            seconds, predict = fit_once(method, limit, data[0], data[1])
             times[name].append(seconds)
             with torch.no_grad():
-                losses[name] = F.cross_entropy(calibrator(held[0]).double(), held[1], reduction="none")
+                losses[name] = F.nll_loss(predict(held[0]).clamp_min(1e-300).log(), held[1], reduction="none")
     medians = {name: statistics.median(values) for name, values in times.items()}
     difference = paired_difference(losses["float32"] - losses["float64"])
     interval = "" if difference["low"] is None else f" [{difference['low']:+.5f}, {difference['high']:+.5f}]"

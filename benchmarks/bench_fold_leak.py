@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import math
-import statistics
 import warnings
 from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 from unittest import mock
@@ -40,6 +38,7 @@ import torch.nn.functional as F
 
 import _report
 from bench_logit_fits import make_logits
+from bench_quality import _paired_interval
 
 NAME = "fold_leak"
 MAPS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "structured_matrix")
@@ -161,15 +160,6 @@ def zoo_seed(logits: torch.Tensor, labels: torch.Tensor, seed: int, halves: str)
     return result
 
 
-def t_interval(values: Sequence[float]) -> str:
-    """Mean and Student-t 95 % interval over the seeds."""
-    from scipy import stats
-
-    mean = statistics.mean(values)
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}]"
-
-
 def zoo_lines(args: argparse.Namespace) -> List[str]:
     from bench_safe_defaults import cached_logits
 
@@ -180,8 +170,8 @@ def zoo_lines(args: argparse.Namespace) -> List[str]:
             seeds = [zoo_seed(logits, labels, seed, halves) for seed in range(2 if args.quick else ZOO_SEEDS)]
             print(f"  {model}, {halves} halves", flush=True)
             chose = {deal: collections.Counter(seed[f"{deal} chose"] for seed in seeds) for deal in DEALS}
-            rows.append((model, halves, *(t_interval([seed[deal] - seed["temperature"] for seed in seeds]) for deal in DEALS),
-                         t_interval([seed["random"] - seed["stratified"] for seed in seeds]),
+            rows.append((model, halves, *(_paired_interval([seed[deal] - seed["temperature"] for seed in seeds]) for deal in DEALS),
+                         _paired_interval([seed["random"] - seed["stratified"] for seed in seeds]),
                          *(", ".join(f"{method} {count}" for method, count in chose[deal].most_common()) for deal in DEALS)))
     return ["### The zoo's real logits: auto on each deal, test NLL", "", *_report.table(
         ("model", "halves", "auto (stratified folds) − TS", "auto (random folds) − TS", "random − stratified",
