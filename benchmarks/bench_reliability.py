@@ -10,8 +10,9 @@ must be 0.
 * Data, options, labels, input sizes: the parametrised cases of ``tests/integration/test_reliability_inputs.py``,
   ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes),
   and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids,
-  in-sample detection of derived ``datasets`` data, intervals on too few samples): the test files and functions
-  listed after them in :data:`INPUT_TEST_FILES`.
+  in-sample detection of derived ``datasets`` data, intervals on too few samples) and of issue 42 (samplers and
+  batch samplers; in-sample rows of a saved and reloaded model): the test files and functions listed after them in
+  :data:`INPUT_TEST_FILES`.
   Each test function states one expected outcome (below); a case that passes ended that way, a case that fails did not (counted as *unclear
   error*: the test's message says whether the result was silent or the error unclear).
 
@@ -84,6 +85,27 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_rows_that_cannot_be_compared_are_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),
     "test_row_digests_are_the_same_for_the_same_rows_in_any_layout_and_differ_otherwise": ("in-sample: data derived from the calibration data", HANDLED),
     "test_shared_rows_count_rows_by_memory_and_by_content": ("in-sample: data derived from the calibration data", HANDLED),
+    # issue 42
+    "test_a_loader_is_read_as_the_rows_one_pass_yields": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_batch_sampler_over_part_of_the_rows_is_read_as_that_part": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_weighted_sampler_without_replacement_is_read_as_one_draw": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_loader_that_would_read_a_row_twice_is_refused": ("samplers: a loader read as the rows it yields", REFUSED),
+    "test_a_sampler_yielding_a_row_twice_is_refused": ("samplers: a loader read as the rows it yields", REFUSED),
+    "test_a_custom_random_sampler_is_drawn_once_so_the_rows_read_are_the_rows_named": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_shuffling_loader_leaves_its_generator_and_the_global_one_as_they_were": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_batch_sampler_may_yield_index_tensors_arrays_or_ranges": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_a_sampler_yielding_more_than_its_len_is_refused_not_read_forever": ("samplers: a loader read as the rows it yields", REFUSED),
+    "test_the_very_loader_given_to_fit_is_in_sample": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_rows_of_calibration_data_passed_inline_are_known_after_the_object_is_gone": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_a_loaders_sampler_decides_which_rows_are_read_and_counted": ("samplers: a loader read as the rows it yields", HANDLED),
+    "test_rows_split_twice_are_known_and_a_users_own_subset_class_is_no_torch_subset": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_a_gone_fitted_object_without_digests_leaves_its_rows_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_a_loaded_model_knows_its_calibration_rows": ("in-sample: a saved and reloaded model", HANDLED),
+    "test_a_loaded_model_fitted_on_tensors_knows_its_tensor_rows": ("in-sample: a saved and reloaded model", HANDLED),
+    "test_tensor_rows_are_compared_by_content": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_a_save_without_row_digests_leaves_whether_in_sample_unknown": ("in-sample: a saved and reloaded model", HANDLED),
+    "test_a_loaded_model_saved_again_keeps_its_row_digests": ("in-sample: a saved and reloaded model", HANDLED),
+    "test_malformed_row_digests_are_refused_naming_the_key": ("in-sample: a saved and reloaded model", REFUSED),
     "test_too_few_test_samples_give_no_interval_and_no_verdict": ("intervals: too few samples or replicates", HANDLED),
     "test_too_few_samples_or_replicates_give_no_interval_never_a_degenerate_one": ("intervals: too few samples or replicates", HANDLED),
     "test_too_few_samples_give_no_interval_and_say_why": ("intervals: too few samples or replicates", HANDLED),
@@ -92,6 +114,8 @@ INPUT_TEST_FILES = (
     "integration/test_reliability_inputs.py", "backbones/test_reliability_input_size.py", "fitting/test_distributed_faults.py",
     # issue 31: the cases of these files (or functions) are all listed in INPUT_CASES
     "data/test_data_errors.py", "data/test_lineage.py",
+    # issue 42: the cases of these files are all listed in INPUT_CASES
+    "data/test_samplers.py", "serialization/test_saved_row_digests.py",
     "fitting/test_fit_errors.py::test_evaluation_errors_do_not_call_the_data_calibration_data",
     "fitting/test_fit_errors.py::test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch",
     "backbones/test_backbones.py::test_token_ids_outside_the_vocabulary_are_named_with_the_fix",
@@ -155,7 +179,10 @@ def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
         "`tests/fitting/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
         "and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample "
         "detection of data derived from the calibration data, intervals on too few samples; the files and functions listed in "
-        "`INPUT_TEST_FILES`), each test stating its expected outcome.",
+        "`INPUT_TEST_FILES`), and those of issue 42 (a DataLoader read as the rows one pass of it yields, whatever "
+        "sampler or batch sampler picks them, and a sampler that would read a row twice refused; a saved and reloaded "
+        "model telling calibration rows by the digests its record keeps, and saying unknown where it cannot compare), "
+        "each test stating its expected outcome.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,5 +1,6 @@
 """What the command line and its ``demo`` command (:mod:`hf_calibrate.demo.command`) share: the console, plain-text
-tables, the early check of an output path, and the flags every command has, as options.
+tables, the early check of an output path, the flags every command has, as options, and other libraries' log
+messages dropped.
 
 It lies below both :mod:`hf_calibrate.cli` and :mod:`hf_calibrate.demo` (the CLI's parser imports the demo's
 command), so neither imports the other for them; the CLI's :mod:`~hf_calibrate.cli.output` and
@@ -9,11 +10,13 @@ command), so neither imports the other for them; the CLI's :mod:`~hf_calibrate.c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence
 
 from ._errors import UserError
 
@@ -89,3 +92,27 @@ def flag_options(args: argparse.Namespace) -> Dict[str, Any]:
     if not args.progress:
         options["progress"] = False
     return options
+
+
+class _DropMessages(logging.Filter):
+    """Logging filter that drops records whose message contains one of ``markers``."""
+
+    def __init__(self, *markers: str) -> None:
+        super().__init__()
+        self.markers = markers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(marker in message for marker in self.markers)
+
+
+@contextlib.contextmanager
+def messages_dropped(logger: str, *markers: str) -> Iterator[None]:
+    """Inside, the records of the ``logging`` logger named ``logger`` whose message contains one of ``markers`` are
+    dropped (a filter of that logger: records of its children are not); removed after."""
+    drop = _DropMessages(*markers)
+    logging.getLogger(logger).addFilter(drop)
+    try:
+        yield
+    finally:
+        logging.getLogger(logger).removeFilter(drop)

@@ -8,10 +8,12 @@ and elsewhere a :class:`StageLine`, which writes ``<description>: <done>/<total>
 :data:`HEARTBEAT_SECONDS` (a silent job looks hung, and CI services kill jobs silent for ~10 min).
 A transient stage (``leave=False``, e.g. a held-out check inside a fit) writes its line only if
 it took :data:`HEARTBEAT_SECONDS` or more. ``TQDM_DISABLE`` set to a true value turns every bar off.
+:func:`library_progress_bars` switches the bars of ``datasets`` and ``transformers`` off where ours are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -100,3 +102,25 @@ def progress_bar(iterable: Optional[Iterable[Any]] = None, *, total: Optional[in
     if redraws():
         return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave)
     return StageLine(iterable, total=total, desc=desc, unit=unit, leave=leave)
+
+
+@contextlib.contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """The progress bars of ``datasets`` (``Dataset.map``'s, e.g. matching labels to the model's) and ``transformers``
+    as the user set them when ``enabled``; off inside otherwise, and set back as they were after."""
+    if enabled:
+        yield
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    bars = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled())
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars[0]:
+            datasets.enable_progress_bars()
+        if bars[1]:
+            hf_logging.enable_progress_bar()

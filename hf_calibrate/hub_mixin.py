@@ -33,7 +33,7 @@ class CalibratedHubMixin:
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, include_base: bool = True, base_model_id: Optional[str] = None,
         base_revision: Optional[str] = None, preprocessor: Any = None, overwrite_card: bool = False,
-        repo_id: Optional[str] = None, is_main_process: bool = True, **transformers_kwargs: Any,
+        repo_id: Optional[str] = None, row_digests: bool = True, is_main_process: bool = True, **transformers_kwargs: Any,
     ) -> Optional[Path]:
         """Save the artifact (docs/artifact.md) into ``save_directory``, crash-safely.
 
@@ -48,7 +48,11 @@ class CalibratedHubMixin:
             preprocessor: image processor or tokenizer to save beside it (default: the one given to :meth:`fit`),
                 so pipelines find it.
             overwrite_card: replace a ``README.md`` in the folder that hf_calibrate did not write.
-            repo_id: the hub id the card's title and usage snippet show (default: this folder).
+            repo_id: the hub id the card's title and usage snippet show (default: the title is this folder's name and
+                the snippet a placeholder, "<user>/<folder name>", never the folder's path).
+            row_digests: keep a 16-byte digest of each calibration row (``datasets`` data, tensors) in the record (up to
+                250,000 rows), so that the loaded model tells when data it evaluates are calibration rows. Anyone who
+                holds a row can then tell whether it was one: pass False for private data.
             is_main_process: only the main process writes (as in transformers).
             **transformers_kwargs: accepted for compatibility with ``Trainer`` and ``PreTrainedModel.push_to_hub``
                 (``state_dict``, ``safe_serialization``, ``max_shard_size``, ...); the calibration always saves
@@ -61,7 +65,7 @@ class CalibratedHubMixin:
             return None
         return saved_record.save_model(
             self, Path(save_directory), include_base=include_base, base_model_id=base_model_id, base_revision=base_revision,
-            preprocessor=preprocessor, overwrite_card=overwrite_card, repo_id=repo_id,
+            preprocessor=preprocessor, overwrite_card=overwrite_card, repo_id=repo_id, row_digests=row_digests,
         )
 
     @classmethod
@@ -110,17 +114,18 @@ class CalibratedHubMixin:
         self, repo_id: str, *, private: Optional[bool] = None, revision: Optional[str] = None,
         commit_message: Optional[str] = None, token: Optional[str | bool] = None, include_base: bool = True,
         base_model_id: Optional[str] = None, base_revision: Optional[str] = None, preprocessor: Any = None,
-        overwrite_card: bool = False,
+        overwrite_card: bool = False, row_digests: bool = True,
     ) -> Any:
         """Save and upload to ``repo_id`` (created if missing) as one commit; returns the ``CommitInfo``.
 
         ``revision`` names the branch (created if missing). A README.md already on the hub that hf_calibrate
-        did not write is kept unless ``overwrite_card``.
+        did not write is kept unless ``overwrite_card``. ``row_digests`` as for :meth:`save_pretrained` (pass False
+        for private calibration data).
         """
         with tempfile.TemporaryDirectory(prefix="hf_calibrate_push_") as tmp:
             folder = self.save_pretrained(
                 Path(tmp) / "repo", include_base=include_base, base_model_id=base_model_id, base_revision=base_revision,
-                preprocessor=preprocessor, overwrite_card=True, repo_id=repo_id,
+                preprocessor=preprocessor, overwrite_card=True, repo_id=repo_id, row_digests=row_digests,
             )
             return _hub.push_folder(
                 folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,

@@ -28,12 +28,13 @@ from transformers import AutoConfig, AutoModelForImageClassification, AutoModelF
 
 from . import model_evaluation
 from ._probabilities import LOGITS
+from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .configuration import TASKS, CalibratedConfig
-from .data.lineage import KeptRows, holds_rows_of
+from .data.lineage import NO_DIGESTS, KeptRows, holds_rows_of
 from .data.sources import is_one_shot
-from .fitting.calibrate import FittedCalibration, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
+from .fitting.calibrate import FittedCalibration, FittedRows, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
 from .hub_mixin import CalibratedHubMixin
 from .model_evaluation import (
     EVALUATION_KEYWORDS, check_evaluation_arguments, evaluate_model, require_logit_space_for_one_pass, same_base_pass,
@@ -86,10 +87,14 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         self.fit_summary: Dict[str, Any] = {}
         self.provenance: Dict[str, Any] = {}
         self.last_evaluation: Optional[Dict[str, Any]] = None
+        self._warned_length = False  # a text longer than the calibrated max_length was warned about
         #: weak references to the data objects :meth:`fit` was given (see :meth:`fitted_on`)
         self._fitted_data: List[weakref.ref] = []
-        #: the content digests of those data's rows, where they are ``datasets`` data (see :meth:`_fitted_sources`)
-        self._fitted_rows: List[Optional[KeptRows]] = []
+        #: per data object given to :meth:`fit`: a weak reference to its samples and their rows' content digests, where
+        #: they are ``datasets`` data or tensors (see :meth:`_fitted_sources`)
+        self._fitted_rows: List[FittedRows] = []
+        #: the calibration rows' digests of a loaded model (its record's), compared like ``_fitted_rows``
+        self._saved_rows: List[KeptRows] = []
         #: the image processor or tokenizer saved beside the model (from fit or the saved folder)
         self.preprocessor: Any = None
         self.post_init()
@@ -132,6 +137,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         inputs, positional = self.backbone.parse_call(args, kwargs)
         self._check_device(inputs)
         calibrated, raw_output = self._calibrated_forward(inputs)
+        self._warn_if_longer_than_calibrated(inputs)
         loss = F.cross_entropy(calibrated.float(), labels.to(calibrated.device)) if labels is not None else None
         return self.backbone.wrap_output(calibrated, raw_output, positional, loss)
 
@@ -149,6 +155,18 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 f"the input is on {main.device} but the calibrated model is on {self.device}; move the input "
                 f"(e.g. x.to(model.device)) or the model (model.to(device))."
             )
+
+    def _warn_if_longer_than_calibrated(self, inputs: Dict[str, Any]) -> None:
+        """Warn, once per model, when a text is longer than the ``max_length`` the calibration was fitted at: its
+        confidences hold for the texts it saw, truncated there."""
+        limit = self.backbone.calibrated_max_length
+        tokens = self.backbone.token_counts(inputs)
+        if limit is None or tokens is None or self._warned_length or int(tokens.max()) <= limit:
+            return
+        self._warned_length = True
+        warn_user(f"this input holds a text of {int(tokens.max())} tokens, longer than the max_length={limit} the "
+                  f"calibration was fitted at (its texts were truncated there), so its calibrated confidence is not "
+                  f"known to hold. {self.backbone.truncation_advice(limit)} (Said once per model.)")
 
     # -------------------------------------------------- fitting
     @classmethod
@@ -215,7 +233,10 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         """Keep ``provenance`` (what the fit ran on and with); the base's outputs are read as its ``input_contract``
         records them (``"probabilities"``: through their log, :class:`~hf_calibrate.backbones.Backbone`'s ``outputs``)."""
         self.provenance = provenance
-        self.backbone.outputs = (provenance.get("input_contract") or {}).get("outputs") or LOGITS
+        contract = provenance.get("input_contract") or {}
+        self.backbone.outputs = contract.get("outputs") or LOGITS
+        limit = (contract.get("preprocessing") or {}).get("max_length") if self.backbone.modality == "text" else None
+        self.backbone.calibrated_max_length = int(limit) if isinstance(limit, int) else None
 
     def fallback_note(self) -> Optional[str]:
         """The sentence saying this Neural Clamping fit fell back to temperature scaling, or None when it did not."""
@@ -224,14 +245,16 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     def fitted_on(self, data: Any) -> Optional[bool]:
         """Whether ``data`` are, or hold, data this calibration was fitted on: the very calibration, validation or
         temperature data object given to :meth:`fit` (or a DataLoader over it, or the dataset of a DataLoader given);
-        a ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms; recorded, so
-        this holds for a loaded model too); or ``datasets`` data holding at least one of their rows in this session:
-        derived from them (``select``, ``shuffle``, ``filter``, ``train_test_split``, ``to_iterable_dataset``) or the
-        same rows copied (``map``, rebuilt), found by memory or by content — the rows' digests are kept at the fit, so
-        this holds after the calibration data object itself is gone (:mod:`hf_calibrate.data.lineage`). None (unknown) for a ``datasets.IterableDataset`` whose rows cannot be
-        traced (a streamed ``load_dataset``, or an iterable mapped, filtered, skipped or taken)."""
+        a ``datasets.Dataset`` with one of their fingerprints (the same rows through the same transforms); or
+        ``datasets`` data or torch ``TensorDataset`` rows holding at least one of their rows: derived from them
+        (``select``, ``shuffle``, ``filter``, ``train_test_split``, ``to_iterable_dataset``, a sampler's part) or the same
+        rows copied (``map``, rebuilt, cloned), found by memory or by content. The rows' digests are kept at the fit and
+        saved with the model, so this holds after the calibration data object is gone and for a loaded model
+        (:mod:`hf_calibrate.data.lineage`). None (unknown) where rows cannot be compared: other torch datasets, a
+        stream whose rows cannot be traced (a streamed ``load_dataset``, an iterable mapped, filtered, skipped or
+        taken), or a model saved with ``row_digests=False``."""
         identity = reporting.data_identity(data)
-        if any(reference() is identity for reference in self._fitted_data):
+        if any(reference() is identity or reference() is data for reference in self._fitted_data):
             return True
         fingerprint = reporting.data_fingerprint(data)
         if fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ()):
@@ -239,9 +262,18 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         return holds_rows_of(reporting.data_source(data), self._fitted_sources())
 
     def _fitted_sources(self) -> List[Any]:
-        """The data objects :meth:`fit` was given that are still alive, and the kept row digests of those that are gone."""
-        kept = self._fitted_rows or [None] * len(self._fitted_data)
-        return [reference() if reference() is not None else rows for reference, rows in zip(self._fitted_data, kept)]
+        """The data objects :meth:`fit` was given that are still alive, and the kept row digests of those that are gone
+        (a loaded model: those its record holds)."""
+        sources = []
+        for reference, kept in self._fitted_rows:
+            alive = reference() if reference is not None else None
+            sources.append(alive if alive is not None else kept if kept is not None else NO_DIGESTS)
+        return sources + self._saved_rows
+
+    def _kept_rows(self) -> List[Optional[KeptRows]]:
+        """The content digests of the calibration rows (``datasets`` data, tensors) that a save writes into the record
+        (:mod:`hf_calibrate.serialization.row_digests`), so that the loaded model knows its calibration rows too."""
+        return [kept for _, kept in self._fitted_rows] + self._saved_rows
 
     # -------------------------------------------------- evaluation
     def evaluate(
@@ -286,7 +318,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         model = cls(CalibratedConfig(**parts.config), parts.base, parts.calibrator)
         model.fit_summary, model.last_evaluation = parts.fit_summary, parts.evaluation
         model._set_provenance(parts.provenance)
-        model.preprocessor = parts.preprocessor
+        model.preprocessor, model._saved_rows = parts.preprocessor, parts.kept_rows
         return model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

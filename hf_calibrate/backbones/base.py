@@ -70,6 +70,8 @@ class Backbone(ABC):
     input_key: str  # keyword that carries the main input in a batch
     #: what the base returns: LOGITS, or PROBABILITIES (its forward ends in a softmax; :meth:`check_logits` reads their log)
     outputs: str = LOGITS
+    #: the ``max_length`` texts were truncated at for the calibration (its ``input_contract``'s), for messages; None: not known
+    calibrated_max_length: Optional[int] = None
 
     def __init__(self, model: nn.Module, classifier: Optional[str] = None) -> None:
         self.model = model
@@ -298,6 +300,10 @@ class Backbone(ABC):
                 "on, or fit it again on this model."
             )
         return as_logits(probabilities)
+
+    def token_counts(self, inputs: Inputs) -> Optional[torch.Tensor]:
+        """(N,) the number of tokens of each text in a batch of text inputs; None for other inputs."""
+        return None
 
     def check_delta(self, target: torch.Tensor, delta: torch.Tensor, per_sample_dims: int) -> None:
         """Raise a clear error when δ does not fit the per-sample part of ``target``.

@@ -173,6 +173,16 @@ class TransformersTextBackbone(_TransformersBackbone):
             return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         return (input_ids != pad_id).to(torch.float32)
 
+    def token_counts(self, inputs: Inputs) -> Optional[torch.Tensor]:
+        """(N,) each text's tokens: its attention mask's ones (padding left out), else the batch's length."""
+        ids = inputs.get(self.input_key)
+        if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] == 0:
+            return None
+        mask = inputs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+            return mask.sum(dim=1)
+        return torch.full((ids.shape[0],), ids.shape[1])
+
     def token_vocabularies(self) -> Dict[str, int]:
         """``input_ids``' vocabulary size and, when the model embeds token types, ``token_type_ids``' count of them
         (``config.type_vocab_size``; a model with 0 ignores them)."""
@@ -213,11 +223,16 @@ class TransformersTextBackbone(_TransformersBackbone):
         ids = inputs.get(self.input_key)
         limit = self.position_limit()
         if isinstance(ids, torch.Tensor) and ids.ndim == 2 and limit is not None and ids.shape[1] > limit:
-            raise ValueError(
-                f"the input has {ids.shape[1]} tokens, more than the {limit} positions this model takes. Truncate the "
-                f"texts: pipe(texts, truncation=True, max_length={limit}) in a pipeline, "
-                f"tokenizer(texts, truncation=True, max_length={limit}) with the tokenizer."
-            )
+            raise ValueError(f"the input has {ids.shape[1]} tokens, more than the {limit} positions this model takes. "
+                             f"{self.truncation_advice(limit)}")
+
+    def truncation_advice(self, limit: int) -> str:
+        """How to truncate texts: at the calibrated ``max_length`` when one is recorded and the model takes it, else at
+        ``limit`` tokens."""
+        length = min(self.calibrated_max_length or limit, limit)
+        calibrated = f" at the max_length={length} they were calibrated at" if self.calibrated_max_length == length else ""
+        return (f"Truncate the texts{calibrated}: pipe(texts, truncation=True, max_length={length}) in a pipeline, "
+                f"tokenizer(texts, truncation=True, max_length={length}) with the tokenizer.")
 
     def forward(self, inputs: Inputs, delta: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Any]:
         self.check_token_ids(inputs)

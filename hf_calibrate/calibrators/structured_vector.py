@@ -146,7 +146,7 @@ class StructuredVectorScaling(Calibrator):
         objective = self._objective(x, labels, free, bias, ridge_strengths(options.l2, rows, classes))
         summary = lbfgs.minimise([free, bias], objective, options.max_iter, self.title)
         offset = self._offset(free.detach())
-        lines = [separable_message(rows)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
+        lines = [separable_message(work, labels)] if separable else temperature_warnings(beta, work, labels, method=self.method, start=True)
         lines += self._fit_lines(offset, bias.detach(), summary, options)
         with torch.no_grad():
             getattr(self, self.offset_name).copy_(offset)

@@ -154,8 +154,11 @@ def without_minimum_message(beta: float, logits: torch.Tensor, labels: torch.Ten
     if beta not in BETA_BOUNDS:
         return None
     reason = _without_minimum(logits, labels)
+    if reason == "separable" and _all_logits_equal(logits):
+        return (f"the temperature fitted on {data} is a bound: every row has all its logits equal, so every T gives "
+                "the same uniform probabilities. Check that the model returns its logits.")
     if reason == "separable":
-        return (f"the temperature fitted on {data} has no minimum: every one of these rows is classified correctly, so the "
+        return (f"the temperature fitted on {data} has no minimum: {_no_class_above_true(logits, labels)}, so the "
                 f"NLL keeps falling as T → 0 and the fit stops at its bound T = {1 / BETA_BOUNDS[1]:g}, a hard argmax with "
                 f"confidence ≈ 1. {fix}")
     if reason == "below chance":
@@ -271,7 +274,7 @@ class TemperatureScaling(Calibrator):
         """The NLL's minimiser T; on separable data, where T → 0 would give a hard argmax, T = 1 is kept (and said)."""
         beta, iterations = fit_inverse_temperature(logits.detach(), labels, max_iter=options.max_iter)
         separable = is_separable_fit(beta, logits, labels)
-        lines = [separable_message(len(labels))] if separable else temperature_warnings(beta, logits, labels)
+        lines = [separable_message(logits, labels)] if separable else temperature_warnings(beta, logits, labels)
         beta = 1.0 if separable else beta
         with torch.no_grad():
             self.log_temperature.fill_(-math.log(beta))
@@ -289,7 +292,29 @@ def temperature_method_beta(logits: torch.Tensor, labels: torch.Tensor) -> float
     return 1.0 if is_separable_fit(beta, logits, labels) else beta
 
 
-def separable_message(rows: int) -> str:
-    """The line saying temperature scaling was not fitted on ``rows`` separable calibration rows."""
-    return (f"temperature: not fitted (T = 1 kept): all {rows} calibration rows are classified correctly, so the NLL keeps "
-            f"falling as T → 0 and its minimiser would be a hard argmax with confidence ≈ 1. {CALIBRATION_DATA_FIX}")
+def separable_message(logits: torch.Tensor, labels: torch.Tensor) -> str:
+    """The line saying temperature scaling was not fitted on the separable calibration rows of (N, C) ``logits``."""
+    if _all_logits_equal(logits):
+        return (f"temperature: not fitted (T = 1 kept): all {len(labels)} calibration rows have every logit equal, so "
+                "every T gives the same uniform probabilities. Check that the model returns its logits (it ranks no "
+                "class above another on these data).")
+    return (f"temperature: not fitted (T = 1 kept) on the calibration rows: {_no_class_above_true(logits, labels)}, so the "
+            f"NLL keeps falling as T → 0 and its minimiser would be a hard argmax with confidence ≈ 1. {CALIBRATION_DATA_FIX}")
+
+
+def _all_logits_equal(logits: torch.Tensor) -> bool:
+    """Whether every row of (N, C) ``logits`` has all its C logits equal."""
+    rows = chunk_rows(logits)
+    return all(bool((chunk.amax(dim=1) == chunk.amin(dim=1)).all()) for chunk in logits.split(rows))
+
+
+def _no_class_above_true(logits: torch.Tensor, labels: torch.Tensor) -> str:
+    """What rows in which no class's logit is above the true class's are (:func:`_without_minimum`'s separable rows):
+    classified correctly only where the true logit is the only highest one; a tie is not a correct classification."""
+    rows = chunk_rows(logits)
+    tied = sum(int(((chunk == chunk.amax(dim=1, keepdim=True)).sum(dim=1) > 1).sum()) for chunk in logits.split(rows))
+    if tied:
+        return (f"no class's logit is above the true class's in any of the {len(labels)} rows, but in {tied} of them the "
+                "true class only ties with other classes for the highest logit (a tie, not a correct classification, "
+                "whose confidence falls towards 1/k for k tied classes)")
+    return f"all {len(labels)} rows are classified correctly"

@@ -86,11 +86,11 @@ def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console
     ``base_model_id``: the base's hub repo, when known (the card's ``base_model``)."""
     if args.output is not None:
         calibrated.save_pretrained(args.output, is_main_process=state.is_main_process, repo_id=args.push_to_hub,
-                                   base_model_id=base_model_id)
+                                   base_model_id=base_model_id, row_digests=args.row_digests)
         console.note(f"saved the calibrated model, its model card and reliability diagram to {args.output}")
     if args.push_to_hub is not None and state.is_main_process:
         commit = calibrated.push_to_hub(args.push_to_hub, private=args.private or None, token=args.token,
-                                        base_model_id=base_model_id)
+                                        base_model_id=base_model_id, row_digests=args.row_digests)
         console.note(f"pushed to {args.push_to_hub}: {getattr(commit, 'commit_url', commit)}")
     state.wait_for_everyone()
 
@@ -98,7 +98,7 @@ def save_and_push(calibrated: Any, args: argparse.Namespace, state: Any, console
 def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate evaluate``: metrics of a calibrated (before/after) or plain model."""
     from ..backbones import adapt
-    from ..results.cards import diagram_title
+    from ..results.cards import diagram_title, method_title
     from ..data.reading import select_split
     from ..results.reporting import evaluation_label, in_sample_warning, source_display_name
     from ..scoring import evaluate_plain_model
@@ -127,7 +127,8 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
         console.result(metric_table(evaluation))
     console.warn(in_sample_warning(evaluation, data.available))
     if args.diagram is not None and state.is_main_process:
-        draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation)}")
+        method = method_title(loaded.model.calibration_record()) if loaded.calibrated else None  # as fit's diagram names it
+        draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation, method)}")
         console.note(f"wrote the reliability diagram to {args.diagram}")
     if target is not None:
         from .. import _hub

@@ -8,7 +8,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 from .._errors import UserError
 from .inputs import process_state
-from .output import Console, fit_warnings_reported_here, warnings_as_lines
+from .output import Console, fit_warnings_reported_here, library_noise_dropped, warnings_as_lines
 from .parser import PROG, build_parser
 
 EXIT_ERROR = 1
@@ -22,7 +22,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         state = process_state()
         console = Console(state.is_main_process, json_output=getattr(args, "json", False))
-        with _library_progress_bars(args.progress), fit_warnings_reported_here(), warnings_as_lines(console):
+        with (_library_progress_bars(args.progress), library_noise_dropped(), fit_warnings_reported_here(),
+              warnings_as_lines(console)):
             args.handler(args, state, console)
         from .._distributed import shut_down
 
@@ -50,21 +51,7 @@ def _one_line(error: BaseException) -> str:
 def _library_progress_bars(enabled: bool) -> Iterator[None]:
     """Switch the progress bars of datasets and transformers off for ``--no-progress``, and off a terminal,
     where each redraw would be a line of the log (restored after)."""
-    import datasets
-    from transformers.utils import logging as hf_logging
+    from .._progress import library_progress_bars, redraws
 
-    from .._progress import redraws
-
-    if enabled and redraws():
+    with library_progress_bars(enabled and redraws()):
         yield
-        return
-    bars = (datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled())
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bars[0]:
-            datasets.enable_progress_bars()
-        if bars[1]:
-            hf_logging.enable_progress_bar()

@@ -8,14 +8,18 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from .._console import Console, check_writable, format_table
+from .._console import Console, check_writable, format_table, messages_dropped
 from .._output_files import is_signed_png, refuse_unproven, write_signed_png
 from .metric_keys import TABLE_METRICS
 
 __all__ = [
-    "Console", "check_diagram_target", "check_writable", "draw_diagram", "fit_warning_lines", "fit_warnings_reported_here",
-    "format_table", "metric_table", "warnings_as_lines",
+    "TORCHVISION_FALLBACK", "Console", "check_diagram_target", "check_writable", "draw_diagram", "fit_warning_lines",
+    "fit_warnings_reported_here", "format_table", "library_noise_dropped", "metric_table", "warnings_as_lines",
 ]
+
+#: (logger, part of the message) of transformers' note that it falls back from the torchvision backend when the image
+#: processor it loads has only a PIL variant (a timm model's): the commands never ask for a backend, so it says nothing to act on
+TORCHVISION_FALLBACK = ("transformers.models.auto.image_processing_auto", "backend is not available. Falling back to")
 
 
 def metric_table(evaluation: Dict[str, Any]) -> str:
@@ -66,6 +70,14 @@ def fit_warnings_reported_here() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TemperatureScalingFallbackWarning)
         warnings.simplefilter("ignore", CalibrationFitWarning)
+        yield
+
+
+@contextlib.contextmanager
+def library_noise_dropped() -> Iterator[None]:
+    """Inside, other libraries' log messages that tell a command's user nothing (:data:`TORCHVISION_FALLBACK`) are not
+    shown; the loggers are as they were after."""
+    with messages_dropped(*TORCHVISION_FALLBACK):
         yield
 
 

@@ -209,6 +209,10 @@ def _add_fit(commands_: Any, common: argparse.ArgumentParser) -> None:
     output.add_argument("--output", type=Path, help="folder for the calibrated model, its card and reliability diagram")
     output.add_argument("--push-to-hub", metavar="REPO", help="also push the calibrated model to this hub repo")
     output.add_argument("--private", action="store_true", help="create the hub repo as private")
+    output.add_argument("--no-row-digests", dest="row_digests", action="store_false",
+                        help="save no digests of the calibration rows (by default the record keeps 16 bytes a row, so "
+                        "that the saved model tells its calibration rows; anyone holding a row could tell whether it "
+                        "was one)")
     fit.set_defaults(handler=commands.run_fit)
 
 

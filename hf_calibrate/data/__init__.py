@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from torch.utils.data import DataLoader
 
+from .._progress import library_progress_bars
 from ..backbones import Backbone
 from .batches import LABEL_KEYS, Batch, collate_rows, split_batch
 from .labels import align_labels, label_indices, label_tensor, model_label_names
@@ -48,17 +49,20 @@ def prepare_data(
     max_length: Optional[int] = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     role: str = "data",
+    progress: bool = True,
 ) -> CalibrationData:
     """``data`` as map-style :class:`PreparedData` (batched by index) or a :class:`StreamedData` (read in order);
     data known to hold no sample are refused (a stream is refused when its first read gives nothing).
 
     ``role`` names the data in messages: ``"calibration data"``, ``"validation data"``, ``"evaluation data"``, ... (default
-    ``"data"``).
+    ``"data"``). ``progress`` False: no ``datasets`` progress bar while the data are prepared (matching labels to the
+    model's maps a ``datasets.Dataset``).
     """
     if _sized_and_empty(data):
         raise ValueError(empty_data_message(data, role))
     options = RowOptions(preprocessor, preprocess, image_column, text_column, label_column, max_length)
-    prepared = _prepared(data, backbone, options, cache_bytes, role)
+    with library_progress_bars(progress):
+        prepared = _prepared(data, backbone, options, cache_bytes, role)
     prepared.token_vocabularies = backbone.token_vocabularies()  # token ids are checked against them as batches are read
     prepared.role = role
     return prepared

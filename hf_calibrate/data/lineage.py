@@ -13,21 +13,29 @@ types (``map`` adding a column: yes; a column cast to another type, or each side
 lacks: no). Hashing reads the Arrow rows once, never runs a model; a dataset's digests are kept by its
 fingerprint (the calibration data are hashed once per session).
 
+**Torch tensors.** The rows of a torch ``TensorDataset`` (or a ``Subset`` of one, as a DataLoader's sampler reads it)
+are known by content too: a digest of each row's bytes in every tensor (:func:`tensor_rows`), compared when both sides
+hold the same tensors (count, dtypes, per-row shapes).
+
 :func:`shared_rows` counts the rows of ``datasets`` data (a ``datasets.Dataset``, or a
-``datasets.IterableDataset`` made by ``to_iterable_dataset`` and shuffled at most) that are rows of the
-fitted data by either test. Other data have no known rows (None): a streamed ``load_dataset``, or an
-iterable that was mapped, filtered, skipped or taken, whose rows may be other rows or changed ones.
-:func:`holds_rows_of` turns the count into True, False or None (unknown).
+``datasets.IterableDataset`` made by ``to_iterable_dataset`` and shuffled at most) or of tensor data that are rows of
+the fitted data by these tests. Other data have no known rows (None): other torch datasets (whose items may be read
+from anywhere), a streamed ``load_dataset``, or an iterable that was mapped, filtered, skipped or taken, whose rows
+may be other rows or changed ones. :func:`holds_rows_of` turns the count into True, False or None (unknown). The
+digests of the calibration rows are kept with a saved model (:mod:`hf_calibrate.serialization.row_digests`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import OrderedDict
-from typing import Any, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
+import torch
+from torch.utils.data import Subset, TensorDataset
 
 #: ``datasets`` example iterables that only reorder or regroup the rows of the ones they wrap (a rebatching that drops
 #: its last batch does not count)
@@ -39,6 +47,9 @@ DIGEST_BATCH_ROWS = 1024
 #: datasets whose digests are kept (by fingerprint and columns); each costs 16 bytes per row
 DIGEST_CACHE_SIZE = 16
 _DIGESTS: "OrderedDict[Tuple[str, Tuple[str, ...]], np.ndarray]" = OrderedDict()
+#: a TensorDataset's row digests, with its tensors' memory, versions and layout (an in-place change or new tensors make
+#: them stale), while it lives
+_TENSOR_DIGESTS: "weakref.WeakKeyDictionary[TensorDataset, Tuple[Tuple[Any, ...], np.ndarray]]" = weakref.WeakKeyDictionary()
 #: an Arrow array's bytes and where each row's lie in them: row i is ``data[bounds[i]:bounds[i + 1]]``
 Segment = Tuple[np.ndarray, np.ndarray]
 
@@ -47,19 +58,31 @@ class KeptRows(NamedTuple):
     """Calibration rows kept by content for the session (:func:`keep_rows`), so that they are still known once the
     data object itself is gone (data passed inline to ``fit``): 16 bytes per row."""
 
-    types: Tuple[Tuple[str, Any], ...]  #: (name, Arrow type) of every column, by name
+    types: Tuple[Tuple[str, str], ...]  #: (name, Arrow type as text) of every column, by name
     digests: np.ndarray  #: (N,) ``S16`` :func:`row_digests` of the rows over those columns
 
 
 def keep_rows(data: Any) -> Optional[KeptRows]:
     """The content digests of the rows of ``datasets`` data (a ``Dataset``, or an iterable over ``Dataset`` shards),
-    over all their columns; None for other data, or a stream whose rows cannot be traced."""
+    over all their columns, or of a torch ``TensorDataset`` (:func:`tensor_rows`); None for other data, or a stream
+    whose rows cannot be traced."""
+    tensors = tensor_rows(data)
+    if tensors is not None:
+        return tensors
     parts = _parts(data)
     if not parts:
         return None
-    types = tuple(sorted((field.name, field.type) for field in parts[0].data.table.schema))
+    types = tuple(sorted((field.name, str(field.type)) for field in parts[0].data.table.schema))
     columns = tuple(name for name, _ in types)
     return KeptRows(types, np.concatenate([np.empty(0, dtype="S16"), *(row_digests(part, columns) for part in parts)]))
+
+
+class NoDigests:
+    """A fitted data object that is gone and whose rows had no digests (other torch data, an untraceable stream):
+    data it may share rows with cannot be told apart from held-out data (:func:`shared_rows` says None)."""
+
+
+NO_DIGESTS = NoDigests()
 
 
 class SharedRows(NamedTuple):
@@ -70,15 +93,21 @@ class SharedRows(NamedTuple):
 
 
 def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
-    """The rows of ``datasets`` ``data`` that are rows of the ``fitted`` data objects (None entries: objects gone) or of
-    their :class:`KeptRows`, found by memory or by content (module docstring).
+    """The rows of ``datasets`` ``data`` (or of tensor data: :func:`tensor_rows`) that are rows of the ``fitted`` data
+    objects (None entries: objects gone; :data:`NO_DIGESTS`: gone without digests) or of their :class:`KeptRows`, found
+    by memory or by content (module docstring).
 
-    None when they cannot be counted: ``data`` are not ``datasets`` data or a stream whose rows cannot be traced,
+    None when they cannot be counted: ``data`` are neither ``datasets`` nor tensor data, or a stream whose rows cannot be traced,
     or no row was found and the rows of some fitted ``datasets`` data cannot be compared with theirs (a stream, or
-    no columns to compare). With no fitted ``datasets`` data alive and no kept rows, nothing is found: (0, rows).
+    no columns to compare), or there are no fitted data to compare with (a loaded model: its calibration rows are not
+    kept with it).
     """
+    fitted = [item for item in fitted if item is not None]
+    tensors = tensor_rows(data)
+    if tensors is not None:
+        return _shared_tensor_rows(tensors, fitted)
     parts = _parts(data)
-    if parts is None:
+    if parts is None or not fitted:
         return None
     keys = np.concatenate([_memory_keys(part) for part in parts])
     shared = np.zeros(len(keys), dtype=bool)
@@ -90,7 +119,7 @@ def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
             if columns is not None:
                 shared |= np.isin(np.concatenate([row_digests(piece, columns) for piece in parts]), item.digests)
             continue
-        other = _parts(item) if _is_datasets(item) or _is_datasets_subset(item) else []
+        other = _parts(item) if _is_datasets(item) or _is_datasets_subset(item) else None
         if other is None:
             comparable = False
             continue
@@ -109,12 +138,56 @@ def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
 
 def holds_rows_of(data: Any, fitted: Iterable[Any]) -> Optional[bool]:
     """Whether ``data`` hold a row of any of the ``fitted`` data objects (:func:`shared_rows`): True or False, None
-    when that cannot be told for ``datasets`` data; False for other data (compared by identity and fingerprint only,
-    by :meth:`~hf_calibrate.CalibratedModel.fitted_on`)."""
+    (unknown) when that cannot be told, as for data other than ``datasets`` data, whose rows have no digests (they are
+    compared by identity and fingerprint only, by :meth:`~hf_calibrate.CalibratedModel.fitted_on`)."""
     counted = shared_rows(data, fitted)
-    if counted is None:
-        return None if _is_datasets(data) else False
-    return counted.shared > 0
+    return None if counted is None else counted.shared > 0
+
+
+def _shared_tensor_rows(rows: KeptRows, fitted: List[Any]) -> Optional[SharedRows]:
+    """:func:`shared_rows` of torch tensor rows: by content, against the fitted data's digests with the same tensors
+    (count, dtypes, per-row shapes); None when no row was found and some fitted data cannot be compared so."""
+    others = [item if isinstance(item, KeptRows) else tensor_rows(item) for item in fitted]
+    comparable = [other for other in others if other is not None and other.types == rows.types]
+    shared = np.zeros(len(rows.digests), dtype=bool)
+    for other in comparable:
+        shared |= np.isin(rows.digests, other.digests)
+    if not fitted or (len(comparable) < len(others) and not shared.any()):
+        return None
+    return SharedRows(int(shared.sum()), len(shared))
+
+
+def tensor_rows(data: Any) -> Optional[KeptRows]:
+    """The rows of a torch ``TensorDataset``, or of a ``Subset`` of one, by content: a 16-byte BLAKE2b digest of each
+    row's bytes in every tensor, with (``"tensor i"``, dtype and per-row shape) as its columns; None for other data.
+    A dataset's digests are kept while it lives and its tensors are not changed in place."""
+    base, indices = data, None
+    while isinstance(base, Subset):  # a Subset of a Subset (random_split twice): the indices into the tensors
+        inner = [int(index) for index in base.indices]
+        indices = inner if indices is None else [inner[index] for index in indices]
+        base = base.dataset
+    if not isinstance(base, TensorDataset):
+        return None
+    state = tuple((tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.stride()) for tensor in base.tensors)
+    cached = _TENSOR_DIGESTS.get(base)
+    if cached is None or cached[0] != state:
+        cached = (state, _tensor_digests(base.tensors))
+        _TENSOR_DIGESTS[base] = cached
+    types = tuple((f"tensor {index}", f"{tensor.dtype} {list(tensor.shape[1:])}") for index, tensor in enumerate(base.tensors))
+    return KeptRows(types, cached[1] if indices is None else cached[1][np.asarray(indices, dtype=np.int64)])
+
+
+def _tensor_digests(tensors: Sequence[Any]) -> np.ndarray:
+    """(N,) ``S16`` digests of the rows of equal-length tensors: each row's bytes in every tensor, in order."""
+    rows = [tensor.detach().cpu().contiguous().reshape(len(tensor), -1) for tensor in tensors]
+    views = [row.view(torch.uint8).numpy() if row.numel() else np.zeros((len(row), 0), np.uint8) for row in rows]
+    digests = np.empty(len(rows[0]) if rows else 0, dtype="S16")
+    for index in range(len(digests)):
+        digest = hashlib.blake2b(digest_size=16)
+        for view in views:
+            digest.update(view[index].tobytes())
+        digests[index] = digest.digest()
+    return digests
 
 
 def row_digests(dataset: Any, columns: Tuple[str, ...]) -> np.ndarray:
@@ -199,7 +272,7 @@ def _common_columns(first: Any, second: Any) -> Optional[Tuple[str, ...]]:
 
 def _kept_columns(kept: KeptRows, dataset: Any) -> Optional[Tuple[str, ...]]:
     """The kept rows' columns (by name) when ``dataset`` has every one of them with the same Arrow type, else None."""
-    types = {field.name: field.type for field in dataset.data.table.schema}
+    types = {field.name: str(field.type) for field in dataset.data.table.schema}
     return tuple(name for name, _ in kept.types) if all(types.get(name) == kind for name, kind in kept.types) else None
 
 
@@ -234,7 +307,7 @@ def _is_datasets(data: Any) -> bool:
 
 def _is_datasets_subset(data: Any) -> bool:
     """A torch ``Subset`` of a ``datasets.Dataset`` (e.g. the part of a DataLoader's dataset its sampler reads)."""
-    return type(data).__name__ == "Subset" and type(getattr(data, "dataset", None)).__name__ == "Dataset" and _is_datasets(data.dataset)
+    return isinstance(data, Subset) and type(data.dataset).__name__ == "Dataset" and _is_datasets(data.dataset)
 
 
 def _parts(data: Any) -> Optional[List[Any]]:

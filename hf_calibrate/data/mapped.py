@@ -8,11 +8,13 @@ rows become model inputs through :mod:`hf_calibrate.data.rows`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler, Subset, WeightedRandomSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
 from torch.utils.data._utils.collate import default_collate
 
 from .._errors import UserError
@@ -20,10 +22,13 @@ from ..backbones import Backbone, Inputs
 from ..metrics._checks import describe_positions
 from .batches import Batch, collate_rows, in_batches, pad_token_id, sample_collate, split_batch, tensor_bytes
 from .labels import align_labels, data_class_names
+from .random_state import preserved_random_state
 from .rows import RowOptions, label_column, raw_row_converter, row_converter
 
 # Preprocessed items are kept in memory for later epochs up to this many bytes.
 DEFAULT_CACHE_BYTES = 2 << 30
+#: each loader's samples as :func:`loader_dataset` drew them, with what they were drawn from, while the loader lives
+_DRAWN: "weakref.WeakKeyDictionary[DataLoader, Tuple[Tuple[int, int, int], Any]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -119,20 +124,63 @@ def datasets_rows(data: Any, backbone: Backbone, options: RowOptions, cache_byte
 
 
 def loader_dataset(loader: DataLoader) -> Any:
-    """The samples a ``DataLoader`` over a map-style dataset yields, as a map-style dataset: its dataset when its sampler
-    reads every sample once (in order or shuffled), else a ``Subset`` of the indices its sampler or batch sampler yields,
-    in index order (a ``SubsetRandomSampler``'s part, a custom sampler's). ``drop_last`` is not applied: every sample
-    is used. A sampler drawing with replacement (a different multiset each epoch) is refused, naming the fix."""
+    """The samples a ``DataLoader`` over a map-style dataset yields, as a map-style dataset: its dataset when it yields
+    every sample once (in order or shuffled), else a ``Subset`` of the indices it yields, in index order (a
+    ``SubsetRandomSampler``'s part, a ``BatchSampler`` over part of the indices, one draw of a ``WeightedRandomSampler``
+    without replacement, a custom sampler's). ``drop_last`` is not applied: every sample is used. A sampler that draws
+    with replacement, or yields a sample twice, is refused, naming the fix (calibration reads each sample once).
+
+    A sampler is drawn once per loader object (kept while the loader lives), with the user's random state restored
+    after it (:func:`.random_state.preserved_random_state`): the rows a fit reads are the rows it names and digests,
+    and a later evaluation of the same loader reads them again."""
+    key = (len(loader.dataset), id(loader.sampler), id(loader.batch_sampler))
+    drawn = _DRAWN.get(loader)
+    if drawn is None or drawn[0] != key:
+        drawn = (key, _loader_samples(loader))
+        _DRAWN[loader] = drawn
+    return drawn[1]
+
+
+def _loader_samples(loader: DataLoader) -> Any:
+    """:func:`loader_dataset`, drawn now."""
     batches = loader.batch_sampler
     sampler = batches.sampler if isinstance(batches, BatchSampler) else loader.sampler if batches is None else None
-    if isinstance(sampler, WeightedRandomSampler) or getattr(sampler, "replacement", False):
-        raise UserError(f"a DataLoader whose {type(sampler).__name__} draws samples with replacement: calibration reads "
+    named = type(sampler if sampler is not None else batches).__name__
+    if getattr(sampler, "replacement", False):
+        raise UserError(f"a DataLoader whose {named} draws samples with replacement: calibration reads "
                         "each sample once. Pass a DataLoader without that sampler, or a Subset of the samples to use.")
-    if isinstance(sampler, SequentialSampler) or (isinstance(sampler, RandomSampler) and len(sampler) == len(loader.dataset)):
+    if _reads_every_sample_once(sampler, len(loader.dataset)):
         return loader.dataset
-    drawn = batches if batches is not None else loader.sampler
-    indices = sorted(int(index) for item in drawn for index in (item if isinstance(item, (list, tuple)) else [item]))
-    return Subset(loader.dataset, indices)
+    with preserved_random_state(loader, sampler, batches):
+        indices = _drawn_indices(sampler if sampler is not None else batches, named)
+    if len(set(indices)) < len(indices):
+        raise UserError(f"a DataLoader whose {named} yields some samples more than once ({len(indices)} draws of "
+                        f"{len(set(indices))} samples): calibration reads each sample once. Pass a sampler that "
+                        "yields each sample once, or a Subset of the samples to use.")
+    if len(indices) == len(loader.dataset):
+        return loader.dataset
+    return Subset(loader.dataset, sorted(indices))
+
+
+def _reads_every_sample_once(sampler: Any, samples: int) -> bool:
+    """Whether ``sampler`` is known to yield each of the ``samples`` indices once without iterating it."""
+    if isinstance(sampler, SequentialSampler):
+        return len(sampler) == samples
+    return isinstance(sampler, RandomSampler) and not sampler.replacement and len(sampler) == samples
+
+
+def _drawn_indices(drawn: Iterable[Any], named: str) -> List[int]:
+    """The indices one pass of ``drawn`` (a sampler, or a batch sampler of index lists, tensors or ranges) yields,
+    flattened; one yielding more items than its ``len()`` says is refused (it may never end)."""
+    limit = len(drawn) if hasattr(drawn, "__len__") else None
+    indices: List[int] = []
+    for count, item in enumerate(drawn, start=1):
+        if limit is not None and count > limit:
+            raise UserError(f"a DataLoader whose {named} yields more than the {limit} items its len() says: it may never "
+                            "end. Pass a sampler that yields each sample once, or a Subset of the samples to use.")
+        values = item.reshape(-1).tolist() if isinstance(item, (torch.Tensor, np.ndarray)) else item
+        indices.extend(int(index) for index in (values if isinstance(values, Iterable) else [values]))
+    return indices
 
 
 def loader_samples(loader: DataLoader, backbone: Backbone) -> PreparedData:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from .batches import LABEL_KEYS
+from .random_state import preserved_random_state
 
 #: samples of a sample-by-sample source grouped into one unit
 UNIT_ROWS = 64
@@ -223,7 +224,10 @@ def _chunks(rows: Iterable[Any], shard: int, rank: int, world: int) -> Iterator[
 
 
 def is_one_shot(data: Any) -> bool:
-    """Whether ``data`` is its own iterator (a generator, ``iter(x)``): it can be read once."""
+    """Whether ``data`` is its own iterator (a generator, ``iter(x)``): it can be read once. A ``DataLoader`` never is
+    (and is not iterated to tell: that would start its workers and draw from the user's random state)."""
+    if isinstance(data, DataLoader):
+        return False
     try:
         return iter(data) is data
     except TypeError:
@@ -265,7 +269,8 @@ def _loader_source(loader: DataLoader, label_column: Optional[str]) -> Optional[
         return _iterable_source(lambda: iter(loader), loader, label_column)
     if loader.batch_size is not None or loader.batch_sampler is not None or not len(loader.dataset):
         return None
-    first = next(iter(loader))
+    with preserved_random_state(loader, loader.sampler):
+        first = next(iter(loader))
     if not is_batch(first, label_column):
         return None  # its items are samples: batched by index like any map-style data
     source = LoaderOfBatches(loader)

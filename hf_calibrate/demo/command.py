@@ -104,7 +104,7 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
     start = time.perf_counter()
     if state.is_main_process:
         check_demo_output(args.output, args.models)
-    rows, changes, settings = [], [], []
+    rows, changes, settings, samples = [], [], [], []
     for position, key in enumerate(args.models, 1):
         spec = DEMO_MODELS[key]
         config = spec.quick if args.quick else spec.full
@@ -120,7 +120,8 @@ def run_demo(args: argparse.Namespace, state: Any, console: Console) -> None:
             label = f"{method} (fell back to TS)" if fell_back else method
             rows.append(_row(model.name, label, evaluation))
             changes.append(_change_row(model.name, label, evaluation))
-    console.result(_report(rows, changes if args.bootstrap else [], settings, args.quick))
+            samples.append(_sample_line(model.name, label, evaluation))
+    console.result(_report(rows, changes if args.bootstrap else [], settings, args.quick, [line for line in samples if line]))
     console.note(f"calibrated models with model cards and reliability diagrams: {args.output}/<model>-<method>/ "
                  f"(demo took {time.perf_counter() - start:.0f} s)")
 
@@ -181,6 +182,15 @@ def _row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
     return [model, method, str(after["num_samples"]), *(f"{before[key]:.4f} → {after[key]:.4f}" for key in DEMO_METRICS)]
 
 
+def _sample_line(model: str, method: str, evaluation: Dict[str, Any]) -> Optional[str]:
+    """``"<model>, <method>: evaluated on <what>"`` when what the row's evaluation was computed on is (partly) in-sample,
+    or not known not to be, in the words of the fit's and evaluate's output (its card and diagram say the same); else None."""
+    from ..results.reporting import evaluated_on, evaluation_label
+
+    label = evaluation_label(evaluation)
+    return None if label == evaluated_on(evaluation) else f"{model}, {method}: evaluated on {label}"
+
+
 def _change_row(model: str, method: str, evaluation: Dict[str, Any]) -> List[str]:
     from ..results.reporting import change_text
 
@@ -194,7 +204,9 @@ def _short(verdict: Optional[str]) -> str:
     return {"improved": "improved", "made worse": "worse", "unchanged": "unchanged"}.get(verdict, "no change" if verdict else "")
 
 
-def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str], quick: bool) -> str:
+def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str], quick: bool, samples: List[str]) -> str:
+    """The demo's result: the metrics table with, under it, the rows whose evaluation is (partly) in-sample
+    (:func:`_sample_line`); the change table (when ``changes``); the settings."""
     from ..results.reporting import METRIC_NAMES
 
     header = ["model", "method", "test n", *(METRIC_NAMES[key] for key in DEMO_METRICS)]
@@ -209,6 +221,7 @@ def _report(rows: List[List[str]], changes: List[List[str]], settings: List[str]
         "",
         "Test-split metrics, uncalibrated → calibrated (lower is better except accuracy):",
         format_table(header, rows),
+        *samples,
         "",
         *change_table,
         "The demo uses a short Neural Clamping schedule (the authors' SGD, a few epochs) and data subsets to run in "

@@ -9,25 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from .._console import messages_dropped
 from ..backbones.loading import load_model_folder
-
-
-class _DropMessages(logging.Filter):
-    """Logging filter that drops records whose message contains ``marker``."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker = marker
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.marker not in record.getMessage()
 
 
 @contextlib.contextmanager
@@ -39,19 +28,15 @@ def quiet_transformers() -> Iterator[None]:
     """
     from transformers.utils import logging as hf_logging
 
-    logger = hf_logging.get_logger("transformers.modeling_utils")
-    drop_report = _DropMessages("LOAD REPORT")
-    logger.addFilter(drop_report)
-
     def no_bar(factory: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         return factory(*args, **{**kwargs, "disable": True})
 
     previous_hook = hf_logging.set_tqdm_hook(no_bar)
     try:
-        yield
+        with messages_dropped("transformers.modeling_utils", "LOAD REPORT"):
+            yield
     finally:
         hf_logging.set_tqdm_hook(previous_hook)
-        logger.removeFilter(drop_report)
 
 
 def save_timm(model: nn.Module, preprocessor: Any, folder: Path) -> None:

@@ -45,6 +45,8 @@ from .kept_logits import KeptLogits
 DataSources = Tuple[Any, Any, Any]
 #: (display name, split) naming the calibration data (None: what the data record)
 Naming = Tuple[Optional[str], Optional[str]]
+#: (a weak reference to a data object's samples, or None; the content digests of their rows, or None)
+FittedRows = Tuple[Optional[weakref.ref], Optional[KeptRows]]
 
 
 #: the fit's warning when the base's outputs are probabilities (:func:`.probing.base_outputs`)
@@ -78,8 +80,9 @@ class FittedCalibration:
         provenance: what the fit ran on and with (``CalibratedModel.provenance``; the record's ``fit``).
         preprocessor: the image processor or tokenizer to save beside the model (or None).
         fitted_data: weak references to the data objects the fit was given (``CalibratedModel.fitted_on``).
-        fitted_rows: for each of them, the content digests of its rows when it is ``datasets`` data (else None), so
-            that its rows are still known once the object is gone (:func:`hf_calibrate.data.lineage.keep_rows`).
+        fitted_rows: for each data object given, a weak reference to its samples and the content digests of their rows
+            when they are ``datasets`` data or tensors (else None), so that its rows are still known once the object is
+            gone (:func:`hf_calibrate.data.lineage.keep_rows`).
         kept: the base logits (N, C) float32 and labels (N,) of every calibration sample in dataset order,
             when asked to keep them and the fit computed all of them; else None.
     """
@@ -90,7 +93,7 @@ class FittedCalibration:
     provenance: Dict[str, Any]
     preprocessor: Any
     fitted_data: List[weakref.ref]
-    fitted_rows: List[Optional[KeptRows]]
+    fitted_rows: List[FittedRows]
     kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -228,8 +231,8 @@ def fit_calibration(
         summary["warnings"] = [PROBABILITIES_READ, *summary.get("warnings", [])]
     if data.class_names and model_label_names(backbone) is None:
         summary["class_names"] = "the calibration data's (the base model records none)"
-    identities = [identity for identity in (reporting.data_identity(source) for source in data_sources if source is not None)
-                  if _weakly_referable(identity)]
+    identities = [identity for source in data_sources if source is not None
+                  for identity in _identities(source) if _weakly_referable(identity)]
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
         warn_user(f"{note} {reporting.fallback_advice(summary)}", TemperatureScalingFallbackWarning)
@@ -242,9 +245,24 @@ def fit_calibration(
         provenance=provenance,
         preprocessor=preprocessor,
         fitted_data=[weakref.ref(identity) for identity in identities],
-        fitted_rows=[keep_rows(identity) if engine.is_main else None for identity in identities],
+        fitted_rows=[_fitted_rows(source, engine.is_main) for source in data_sources if source is not None],
         kept=kept,
     )
+
+
+def _fitted_rows(source: Any, is_main: bool) -> FittedRows:
+    """(a weak reference to the samples of ``source``, or None; the content digests of their rows, or None), the
+    digests on the main process only."""
+    samples = reporting.data_identity(source)
+    return (weakref.ref(samples) if _weakly_referable(samples) else None, keep_rows(samples) if is_main else None)
+
+
+def _identities(source: Any) -> List[Any]:
+    """What stands for ``source`` in :meth:`CalibratedModel.fitted_on`: the object given (a DataLoader whose sampler
+    reads part of its dataset is known as itself) and what :func:`~hf_calibrate.results.reporting.data_identity` makes
+    of it, when that is another object."""
+    identity = reporting.data_identity(source)
+    return [source] if identity is source else [source, identity]
 
 
 def _config(backbone: Backbone, method: str, num_classes: int, data: CalibrationData) -> CalibratedConfig:

@@ -103,7 +103,8 @@ class EngineOptions:
                 f"{LOGITS!r}, {PROBABILITIES!r} or None")
 
     def data_options(self) -> dict:
-        names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length", "cache_bytes")
+        names = ("preprocessor", "preprocess", "image_column", "text_column", "label_column", "max_length", "cache_bytes",
+                 "progress")
         return {name: getattr(self, name) for name in names}
 
 

@@ -34,6 +34,9 @@ _PIPELINE_TAGS = {"image-classification": "image-classification", "text-classifi
 #: the Hub's base_model_relation, by whether the method trains a new head: the base's weights are never changed,
 #: a few parameters are fitted on top of the frozen base (an adapter) or a new head is trained on its features
 _RELATIONS = {False: "adapter", True: "finetune"}
+#: the namespace of the usage snippet of a card saved to a folder without a repo id: the card is read by whoever it is
+#: shared with, to whom the author's local path means nothing
+REPO_PLACEHOLDER_USER = "<user>"
 
 def _template() -> str:
     return (importlib.resources.files("hf_calibrate") / "templates" / "model_card.md").read_text(encoding="utf-8")
@@ -273,8 +276,15 @@ def card_title(record: Dict[str, Any], location: Optional[str | os.PathLike] = N
     return f"{name}-{record['method'].replace('_', '-')}"
 
 
-def _usage(record: Dict[str, Any], location: str, local: bool) -> Dict[str, str]:
-    """The usage snippet's lines: load (``location``: a repo id, or a folder when ``local``), call, and the base alone."""
+def repo_placeholder(name: str) -> str:
+    """What the usage snippet of a card saved without a repo id loads: ``"<user>/digits-resnet-ts"``, the folder's
+    ``name`` under a namespace to fill in (not a valid repo id, so it loads nothing until it is filled in)."""
+    return f"{REPO_PLACEHOLDER_USER}/{name}"
+
+
+def _usage(record: Dict[str, Any], location: str) -> Dict[str, str]:
+    """The usage snippet's lines: load from ``location`` (a hub repo id, or :func:`repo_placeholder`), call, and the
+    base alone."""
     base = record["base_model"]
     library = base["library"]
     call = ("probs = model(pixel_values).softmax(-1)  # timm-style: tensor in, logits out" if library == "timm"
@@ -282,8 +292,7 @@ def _usage(record: Dict[str, Any], location: str, local: bool) -> Dict[str, str]
             else "probs = model(x).softmax(-1)")
     base_usage = ""
     if base["weights"] == "included" and library == "timm":
-        scheme = "local-dir" if local else "hf-hub"
-        base_usage = f'The uncalibrated base: `timm.create_model("{scheme}:{location}", pretrained=True)`.'
+        base_usage = f'The uncalibrated base: `timm.create_model("hf-hub:{location}", pretrained=True)`.'
     elif base["weights"] == "included" and library == "transformers":
         base_usage = f'The uncalibrated base: `AutoModelFor…from_pretrained("{location}", subfolder="base")`.'
     loading = f'model = CalibratedModel.from_pretrained("{location}")'
@@ -305,7 +314,7 @@ def _results(evaluation: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         if info.key in reporting.shown_metrics(evaluation)
     ]
     return {"rows": rows, "in_sample": evaluation["in_sample"], "n_bins": evaluation.get("n_bins"),
-            "in_sample_note": reporting.in_sample_note(evaluation) if evaluation["in_sample"] else None,
+            "in_sample_note": reporting.sample_note(evaluation),
             "label": reporting.evaluated_on(evaluation),
             "calibration": reporting.calibration_label(evaluation),
             "intervals": reporting.bootstrap_note(evaluation),
@@ -341,16 +350,19 @@ def render_card(
 
     Args:
         record: the record.
-        repo_id: where the model loads from, as the usage snippet shows it: a hub repo id (a ``str``),
-            or the local folder it is saved to (an ``os.PathLike``, e.g. a ``Path``). None: the card
-            names the base model instead and shows no loading line it cannot know.
+        repo_id: where the model loads from: a hub repo id (a ``str``), which the title and usage snippet show,
+            or the local folder it is saved to (an ``os.PathLike``, e.g. a ``Path``): the title is the folder's
+            name and the snippet loads :func:`repo_placeholder` (never the folder's path, which means nothing to
+            the card's readers). None: the card names the base model instead and shows no loading line it cannot
+            know.
         diagram: the reliability diagram's file name in the folder, if one was drawn.
     """
     base = record["base_model"]
     method = calibrator_class(record["method"])
     name = card_title(record, repo_id)
-    location = os.fspath(repo_id) if repo_id is not None else None
-    usage = _usage(record, location, isinstance(repo_id, os.PathLike)) if location is not None else None
+    placeholder = repo_placeholder(name) if isinstance(repo_id, os.PathLike) else None
+    location = placeholder or repo_id
+    usage = _usage(record, location) if location is not None else None
     base_description = (f"[{base['repo_id']}](https://huggingface.co/{base['repo_id']})" if base.get("repo_id")
                         else f"a {base['library']} {base['task']} model")
     weights_note = {"included": "included in this repository, unchanged",
@@ -379,6 +391,7 @@ def render_card(
         results=_results(evaluation),
         diagram=diagram,
         usage=usage,
+        placeholder=placeholder,
         input_notes=input_notes(record),
         limitations=_limitations(record),
         citation=method.citation,
@@ -413,8 +426,9 @@ def write_diagram(folder: Path, evaluation: Dict[str, Any], method: Optional[str
 
 def diagram_title(evaluation: Dict[str, Any], method: Optional[str] = None) -> str:
     """The title of an evaluation's reliability diagram: the method (when given), what it was computed on and, on a
-    second line, whether in-sample."""
-    in_sample = f"\n{reporting.in_sample_note(evaluation).capitalize()}" if evaluation.get("in_sample") else ""
+    second line, whether in-sample (or not checked)."""
+    note = reporting.sample_note(evaluation)
+    in_sample = f"\n{note[0].upper()}{note[1:]}" if note else ""
     named = f" of {method}" if method else ""
     return f"Reliability{named} on {reporting.evaluated_on(evaluation)}{in_sample}"
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Tuple, Union
+import re
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Tuple, Union
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from ..metrics import ReliabilityBins, reliability_bins
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
 ACCURACY_COLOR = "#4c72b0"
 # (edge and hatch, face) of the gap between accuracy and mean confidence. The over-confident gap lies above the
@@ -33,6 +35,11 @@ UNDERCONFIDENT_LABEL = "under-confident: accuracy above confidence"
 Bins = Union[ReliabilityBins, Mapping[str, Any]]
 PANEL_SIZE = (4.2, 5.4)  # inches per diagram (width, height)
 DPI = 150
+#: where a title's line may break: at the space after ", ", "; ", ": " or ")", or before "(": between the phrases
+#: results are worded in ("digits, validation split, 450 samples (in-sample: ...)"), never inside one
+PHRASE_BREAK = re.compile(r"(?<=[,;:)]) (?=\S)|(?<=\S) (?=\()")
+#: the part of its figure's (a panel title: its axes') width a title's line may take
+TITLE_WIDTH = 0.95
 
 
 def _new_figure(size: Tuple[float, float]) -> "Figure":
@@ -47,6 +54,35 @@ def _new_figure(size: Tuple[float, float]) -> "Figure":
     figure = Figure(figsize=size, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
+
+
+def phrase_lines(title: str, fits: Callable[[str], bool]) -> List[str]:
+    """The lines of ``title``: its own, each broken further only between phrases (:data:`PHRASE_BREAK`), as few times
+    as lets ``fits`` (is a line narrow enough) hold of every line; a phrase that alone does not fit has a line of its own."""
+    lines = []
+    for line in title.split("\n"):
+        current, *phrases = PHRASE_BREAK.split(line)
+        for phrase in phrases:
+            joined = f"{current} {phrase}"
+            if fits(joined):
+                current = joined
+            else:
+                lines.append(current)
+                current = phrase
+        lines.append(current)
+    return lines
+
+
+def _wrap_between_phrases(text: "Text", width: float) -> None:
+    """Break the lines of ``text`` between phrases (:func:`phrase_lines`) so that each is at most ``width`` display
+    pixels wide (matplotlib's own ``wrap=True`` breaks at any space: "validation\\nsplit")."""
+    title = text.get_text()
+
+    def fits(line: str) -> bool:
+        text.set_text(line)
+        return text.get_window_extent().width <= width
+
+    text.set_text("\n".join(phrase_lines(title, fits)))
 
 
 def _check_bins(bins: Any, name: str = "bins") -> ReliabilityBins:
@@ -96,7 +132,7 @@ def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str
     ax.grid(True, linewidth=0.4, alpha=0.5)
     ax.set_axisbelow(True)
     ece = f"ECE = {bins.ece:.4f}"  # a fraction to 4 decimals, as every table shows it
-    ax.set_title(f"{title}\n{ece}" if title else ece, wrap=True)
+    _wrap_between_phrases(ax.set_title(f"{title}\n{ece}" if title else ece), TITLE_WIDTH * ax.bbox.width)
     if count_ax is None:
         ax.set_xlabel("confidence")
         return
@@ -249,7 +285,7 @@ def compare_reliability_diagrams(
         _draw(bins, ax, count_ax, name)
     _figure_legend(figure, [ax for ax, _ in panels], columns=2)
     if title:
-        figure.suptitle(title, wrap=True)
+        _wrap_between_phrases(figure.suptitle(title), TITLE_WIDTH * figure.bbox.width)
     if path is not None:
         _save_atomically(figure, path)
     return figure

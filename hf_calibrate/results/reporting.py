@@ -42,7 +42,7 @@ FILE_BUILDERS = frozenset({
 #: splits taken, in this order, as held-out evaluation data when none is named
 HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
 IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
-UNKNOWN_SAMPLE_NOTE = "whether these are data the calibration was fitted on is unknown"
+UNKNOWN_SAMPLE_NOTE = "in-sample not checked: whether these are data the calibration was fitted on is unknown"
 FALLBACK_SAVED = "The saved model is this temperature scaling."
 #: how to lengthen each Neural Clamping optimiser's schedule, as options of ``fit`` and of ``hf-calibrate fit``
 SCHEDULE_OPTIONS = {"sgd": ("options epochs, lr", "--option epochs=N, --option lr=X"),
@@ -144,9 +144,10 @@ def in_sample_rows(model: FittedModel, data: Any, samples: int) -> Tuple[Optiona
     """(whether ``data`` hold rows ``model`` was fitted on, ``{"calibration": rows that are, "total": rows}``).
 
     True, False or None (unknown) as :meth:`CalibratedModel.fitted_on` says; the rows are counted for ``datasets``
-    data (:func:`hf_calibrate.data.lineage.shared_rows`: by memory and content, from the Arrow rows, no model run),
-    and are all ``samples`` (the evaluation's) when the data are the very data or have their fingerprint; no count
-    (None) unless True.
+    data and tensors (:func:`hf_calibrate.data.lineage.shared_rows`: by memory and content, no model run), and the
+    count decides where there is one (the very loader whose sampler drew other rows since holds none); they are all
+    ``samples`` (the evaluation's) when the data are the very data or have their fingerprint and cannot be counted;
+    no count (None) unless True.
     """
     from ..data.lineage import shared_rows  # pyarrow: imported when an evaluation counts rows, not with this module
 
@@ -154,8 +155,10 @@ def in_sample_rows(model: FittedModel, data: Any, samples: int) -> Tuple[Optiona
     if not fitted:
         return fitted, None
     counted = shared_rows(data_source(data), model._fitted_sources())
-    if counted is None or not counted.shared:  # the very data object, or a dataset with a recorded fingerprint
+    if counted is None:  # the very data object, or a dataset with a recorded fingerprint, whose rows cannot be counted
         return True, {"calibration": samples, "total": samples}
+    if not counted.shared:  # the very loader, whose sampler drew other rows since
+        return False, None
     return True, {"calibration": counted.shared, "total": counted.total}
 
 
@@ -175,10 +178,16 @@ def evaluated_on(evaluation: Mapping[str, Any]) -> str:
 def evaluation_label(evaluation: Mapping[str, Any]) -> str:
     """:func:`evaluated_on`, marked as in-sample when it is, or as unknown when that could not be told (how the CLI's
     output names an evaluation)."""
-    label = evaluated_on(evaluation)
+    label, note = evaluated_on(evaluation), sample_note(evaluation)
+    return f"{label} ({note})" if note else label
+
+
+def sample_note(evaluation: Mapping[str, Any]) -> Optional[str]:
+    """What results say of whether ``evaluation``'s data are calibration data: :func:`in_sample_note` when they are,
+    :data:`UNKNOWN_SAMPLE_NOTE` when that could not be checked (``in_sample`` None), else None (held out)."""
     if "in_sample" in evaluation and evaluation["in_sample"] is None:
-        return f"{label} ({UNKNOWN_SAMPLE_NOTE})"
-    return f"{label} ({in_sample_note(evaluation)})" if evaluation.get("in_sample") else label
+        return UNKNOWN_SAMPLE_NOTE
+    return in_sample_note(evaluation) if evaluation.get("in_sample") else None
 
 
 def in_sample_note(evaluation: Mapping[str, Any]) -> str:

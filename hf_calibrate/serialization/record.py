@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from torch import nn
 
@@ -27,6 +27,7 @@ from .identity import hub_reference, repo_id_problem
 from .loading import check_complete, load_base, load_calibrator, load_preprocessor, read_record, verify_against_base
 from .load_options import backbone_device
 from .locks import reading
+from .row_digests import ROW_DIGESTS_KEY, decode_row_digests, encode_row_digests
 from .saving import save_artifact
 from .schema import FORMAT_VERSION, PLAIN_FORMAT_VERSION, RESAVE, ArtifactError
 
@@ -56,13 +57,16 @@ class SavedModel(Protocol):
     @property
     def method(self) -> str: ...
 
+    def _kept_rows(self) -> List[Any]: ...
+
 
 def calibration_record(
     model: SavedModel, *, base_weights: str = "included", base_model_id: Optional[str] = None,
-    base_revision: Optional[str] = None,
+    base_revision: Optional[str] = None, row_digests: bool = True,
 ) -> Dict[str, Any]:
     """The ``calibration_config.json`` contents for ``model`` (schema: :data:`.schema.RECORD_SCHEMA`), without the
-    manifest and digests a save adds; ``base_weights``: ``"included"``, ``"reference"`` or ``"not_saved"``."""
+    manifest and digests a save adds; ``base_weights``: ``"included"``, ``"reference"`` or ``"not_saved"``;
+    ``row_digests``: keep the calibration rows' digests (:mod:`.row_digests`)."""
     backbone, calibrator = model.backbone, model.calibrator
     reference = hub_reference(model.base_model, backbone.library)
     delta = calibrator.input_perturbation
@@ -70,6 +74,9 @@ def calibration_record(
     contract = model.provenance.get("input_contract") or fallback_contract(backbone, delta_shape)
     fit = {key: value for key, value in model.provenance.items() if key not in _NOT_IN_FIT}
     fit["summary"] = {key: value for key, value in model.fit_summary.items() if key != "history"}
+    rows = encode_row_digests(model._kept_rows()) if row_digests else None
+    if rows:
+        fit[ROW_DIGESTS_KEY] = rows
     return {
         # a reader of format 2 would read a softmax's probabilities as logits: such a record needs format 3
         "format_version": FORMAT_VERSION if contract.get("outputs") == PROBABILITIES else PLAIN_FORMAT_VERSION,
@@ -129,7 +136,7 @@ def evaluation_from_record(record: Dict[str, Any], root: Optional[Path] = None) 
 
 def save_model(
     model: SavedModel, target: Path, *, include_base: bool, base_model_id: Optional[str], base_revision: Optional[str],
-    preprocessor: Any, overwrite_card: bool, repo_id: Optional[str | Path],
+    preprocessor: Any, overwrite_card: bool, repo_id: Optional[str | Path], row_digests: bool = True,
 ) -> Path:
     """Save ``model`` into ``target`` (``CalibratedModel.save_pretrained``'s arguments; ``repo_id`` None: the folder)."""
     if model.backbone.library == "torch":
@@ -138,7 +145,8 @@ def save_model(
         weights = "included"
     else:
         weights = "reference"
-    record = calibration_record(model, base_weights=weights, base_model_id=base_model_id, base_revision=base_revision)
+    record = calibration_record(model, base_weights=weights, base_model_id=base_model_id, base_revision=base_revision,
+                                row_digests=row_digests)
     if weights == "reference" and not record["base_model"]["repo_id"]:
         raise ValueError(
             "a reference-only save needs the base model's hub repo id; pass base_model_id=... (and "
@@ -168,6 +176,7 @@ class SavedParts:
         calibrator: the calibrator, on the base's device.
         preprocessor: the saved tokenizer or image processor (or None).
         fit_summary, provenance, evaluation: ``CalibratedModel.fit_summary``, ``.provenance``, ``.last_evaluation``.
+        kept_rows: the calibration rows' digests the record holds (:mod:`.row_digests`; [] when none).
     """
 
     config: Dict[str, Any]
@@ -177,6 +186,7 @@ class SavedParts:
     fit_summary: Dict[str, Any]
     provenance: Dict[str, Any]
     evaluation: Optional[Dict[str, Any]]
+    kept_rows: List[Any]
 
 
 def load_parts(
@@ -194,14 +204,14 @@ def load_parts(
     )
     if calibrator.head is not None:  # the base layer the head replaces, as fitted
         calibrator.classifier = base_info.get("classifier")
-    provenance = {key: value for key, value in record["fit"].items() if key != "summary"}
+    provenance = {key: value for key, value in record["fit"].items() if key not in ("summary", ROW_DIGESTS_KEY)}
     provenance.update(
         options=record.get("options", {}), base_fingerprint=base_info.get("fingerprint"), input_contract=record.get("input_contract")
     )
     return SavedParts(
         config=config, base=base, calibrator=calibrator.to(backbone_device(base)), preprocessor=preprocessor,
         fit_summary=dict(record["fit"].get("summary") or {}), provenance=provenance,
-        evaluation=evaluation_from_record(record, root),
+        evaluation=evaluation_from_record(record, root), kept_rows=decode_row_digests(record["fit"].get(ROW_DIGESTS_KEY)),
     )
 
 

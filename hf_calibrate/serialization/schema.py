@@ -20,6 +20,7 @@ from ..metrics.intervals import HIGHER_IS_BETTER, VERDICTS, Interval, verdict
 from ..version import __version__
 from .files import CALIBRATION_CONFIG
 from .identity import repo_id_problem
+from .row_digests import row_digests_problem
 
 FORMAT_VERSION = 3  # 2: manifest and SHA-256 digests; 3: input_contract.outputs; version 1 records still load
 #: the format of a record that holds no key of a newer one: every reader since format 2 reads it alike
@@ -328,6 +329,7 @@ RECORD_SCHEMA: Dict[str, Field] = {
     "fit": Field(_mapping, 1),
     "fit.summary": Field(_optional(_mapping)),
     "fit.data_fingerprints": Field(_text_list(8, 64), since=2),
+    "fit.calibration_rows": Field(row_digests_problem, since=2),
     "evaluation": Field(_optional(_mapping)),
     "evaluation.dataset": Field(_text(1024)),
     "evaluation.split": Field(_optional(_text(256))),

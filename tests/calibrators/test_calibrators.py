@@ -100,7 +100,7 @@ def test_temperature_below_one_for_an_under_confident_model():
     assert 0.3 < calibrator.temperature.item() < 0.5
 
 
-SEPARABLE = "has no minimum: every one of these rows is classified correctly"
+SEPARABLE = r"has no minimum: all \d+ rows are classified correctly"
 BELOW_CHANCE = "has no minimum: the true classes' logits are on average no higher than the mean logit"
 
 
@@ -110,7 +110,7 @@ def wide_margins(rows: int = 50, margin: float = 20.0):
     return F.one_hot(labels, 3).float() * margin, labels
 
 
-SEPARABLE_REFUSED = "not fitted (T = 1 kept): all"
+SEPARABLE_REFUSED = "not fitted (T = 1 kept)"
 
 
 @pytest.mark.parametrize("case, message, temperature", [
@@ -139,6 +139,25 @@ def test_a_temperature_without_a_minimum_says_so(case, message, temperature):
     assert calibrator.temperature.item() == pytest.approx(temperature, rel=1e-6)
     bound = 1e-3 if message == SEPARABLE_REFUSED else 1e3
     assert 1.0 / fit_inverse_temperature(logits, labels)[0] == pytest.approx(bound, rel=1e-6)
+
+
+@pytest.mark.parametrize("case, said", [
+    ("a quarter of the rows tie", "in 50 of them the true class only ties with other classes for the highest logit"),
+    ("every logit zero", "all 200 calibration rows have every logit equal, so every T gives the same uniform"),
+])
+def test_ties_are_not_called_correct_classifications(case, said):
+    """Rows whose true class only ties for the top logit (and rows whose logits are all equal) leave the NLL without a
+    minimum as correct rows do, but the line says what they are, never "classified correctly"."""
+    logits, labels = wide_margins(rows=200)
+    if case == "every logit zero":
+        logits = torch.zeros_like(logits)
+    else:
+        rows = torch.arange(0, 200, 4)
+        logits[rows, (labels[rows] + 1) % 3] = logits[rows, labels[rows]]  # another class ties the true one, on top
+    calibrator, summary = fitted(TemperatureScaling, logits, labels)
+    assert calibrator.temperature.item() == 1.0
+    assert len(summary["warnings"]) == 1 and said in summary["warnings"][0]
+    assert "classified correctly" not in summary["warnings"][0]
 
 
 def test_a_temperature_with_a_minimum_does_not_warn():

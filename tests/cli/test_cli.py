@@ -301,6 +301,22 @@ def test_evaluate_on_the_calibration_split_is_in_sample(in_sample_fallback):
     assert "warning: these results are in-sample" in result.stderr
 
 
+def test_evaluate_diagram_title_names_the_method_as_fits_does(in_sample_fallback, tmp_path, monkeypatch):
+    """``evaluate --diagram`` titles the diagram with the calibration's method, as the card's diagram ``fit`` saved
+    does (here Neural Clamping that fell back to temperature scaling), beside the model and the data."""
+    from hf_calibrate.cli import commands
+    from hf_calibrate.results.cards import method_title
+
+    titles: List[str] = []
+    monkeypatch.setattr(commands, "draw_diagram", lambda evaluation, path, title: titles.append(title))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["evaluate", "--model", str(in_sample_fallback["output"]), "--dataset", str(in_sample_fallback["folder"]),
+                 "--diagram", str(tmp_path / "diagram.png"), "--no-progress"]) == 0
+    record = json.loads((in_sample_fallback["output"] / "calibration_config.json").read_text())
+    [title] = titles
+    assert title.startswith("calibrated: ") and method_title(record) in title and "digits-val, validation split" in title
+
+
 def test_a_calibration_saved_before_digests_loads_only_with_allow_unverified(fitted, digits_folder, tmp_path):
     """A format-1 folder is refused naming the CLI's own flag; with ``--allow-unverified`` it is evaluated, and a warning
     line says it is unverified."""
@@ -346,14 +362,48 @@ def test_text_model_with_class_names_as_labels(bbc_minilm, tmp_path):
         rows = bbc_minilm.dataset[split].filter(lambda row: row["label"] in wanted).shuffle(seed=0).select(range(30))
         rows.map(lambda row: {"topic": names[row["label"]]}).remove_columns("label").to_csv(tmp_path / f"{split}.csv")
     output = tmp_path / "minilm-ts"
-    assert_ok(run_cli(
+    fit = run_cli(
         "fit", "--model", str(bbc_minilm.path), "--dataset", str(tmp_path), "--label-column", "topic", "--max-length", "64",
         "--method", "temperature", "--output", str(output), "--no-progress",
-    ))
+    )
+    assert_ok(fit)
+    for noise in ("Matching labels", "%|", "Token indices sequence length"):  # names matched by a Dataset.map; articles
+        assert noise not in fit.stderr, fit.stderr  # longer than the tokenizer's limit are truncated, so it has nothing to say
     assert (output / "tokenizer_config.json").is_file() and (output / "base" / "config.json").is_file()
     result = evaluate_json(str(output), tmp_path, "test", "--label-column", "topic", "--max-length", "64")
     assert result["calibrated"]["num_samples"] == 30
     assert result["uncalibrated"]["accuracy"] > 0.8  # ~0 if "sports"/"tech" were read as classes 0/1
+
+
+def test_fit_output_carries_no_other_librarys_noise(digits_cnn, digits_folder, tmp_path):
+    """A timm model saved as a transformers folder (TimmWrapper, whose image processor has only a PIL variant): fit's
+    output holds no note of transformers' that it falls back from the torchvision backend the command never asked for."""
+    from transformers import TimmWrapperForImageClassification
+
+    model = tmp_path / "timm-wrapper"
+    TimmWrapperForImageClassification.from_pretrained(str(digits_cnn.path)).save_pretrained(model)
+    result = run_cli(*_fit_args(str(model), str(digits_folder), str(tmp_path / "out"), "--bootstrap", "0"))
+    assert_ok(result)
+    assert "torchvision backend" not in result.stderr + result.stdout, result.stderr
+
+
+def test_a_command_leaves_logging_and_progress_bars_as_it_found_them(tmp_path):
+    """The filters ``main`` adds to other libraries' loggers and the progress bars it switches off are as they were after
+    it returns (here after a failure, run in this process)."""
+    import logging
+
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    from hf_calibrate.cli.output import TORCHVISION_FALLBACK
+
+    def state() -> tuple:
+        return list(logging.getLogger(TORCHVISION_FALLBACK[0]).filters), datasets.is_progress_bar_enabled(), \
+            hf_logging.is_progress_bar_enabled()
+
+    before = state()
+    assert main(_fit_args(str(tmp_path / "no-model"), str(tmp_path / "no-data"), str(tmp_path / "out"))) == 1
+    assert state() == before
 
 
 # ----------------------------------------------------------------------------- user errors
@@ -501,3 +551,12 @@ def test_a_validation_split_for_a_method_that_would_not_read_it_is_refused(tmp_p
                  "--validation-split", "validation", "--output", str(tmp_path / "out"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "--validation-split: auto does not read a validation split" in err and "drop --validation-split" in err
+
+
+def test_fit_keeps_row_digests_unless_told_not_to():
+    """``--no-row-digests`` reaches ``save_pretrained`` / ``push_to_hub`` as ``row_digests=False`` (default True)."""
+    from hf_calibrate.cli.parser import build_parser
+
+    common = ["fit", "--model", "m", "--dataset", "d", "--output", "out"]
+    assert build_parser().parse_args(common).row_digests is True
+    assert build_parser().parse_args([*common, "--no-row-digests"]).row_digests is False

@@ -1,12 +1,14 @@
-"""``hf-calibrate demo --quick`` end to end, as a subprocess on the cached zoo models."""
+"""``hf-calibrate demo --quick`` end to end, as a subprocess on the cached zoo models; what its table says of its evaluations."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,3 +78,36 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
     # Both methods are evaluated on the same test rows with the same base model.
     for model in MODELS:
         assert rows[model, "temperature"][1]["ece"][0] == rows[model, "neural_clamping"][1]["ece"][0]
+
+
+@pytest.mark.parametrize("sample", [
+    {"in_sample": True, "in_sample_rows": {"calibration": 2, "total": 300}},
+    {"in_sample": True, "in_sample_rows": {"calibration": 300, "total": 300}},
+    {"in_sample": None},
+    {"in_sample": False},
+], ids=["partly", "wholly", "unknown", "held-out"])
+def test_the_table_names_in_sample_results_as_the_card_does(sample, tmp_path, monkeypatch, capsys):
+    """Each row whose evaluation is (partly) in-sample, or not known not to be, is named under the table in the words
+    of ``fit``'s output, the card and the diagram (``evaluation_label``, ``in_sample_note``); held-out rows are not.
+    The zoo model and the fits are stand-ins: only what the demo prints of their evaluation is under test."""
+    from hf_calibrate._console import Console
+    from hf_calibrate.demo import command
+    from hf_calibrate.results.reporting import UNKNOWN_SAMPLE_NOTE, evaluation_label, in_sample_note
+
+    metrics = {"accuracy": 0.9, "ece": 0.05, "ada_ece": 0.05, "nll": 0.3, "brier": 0.1, "num_samples": 300}
+    evaluation = {"dataset": "BBC News", "split": "test", "uncalibrated": metrics, "calibrated": metrics, **sample}
+    model = SimpleNamespace(name="bbc-minilm-l6", dataset={"calibration": [0] * 10, "test": [0] * 10},
+                            preprocessor=SimpleNamespace())
+    monkeypatch.setattr(command, "_zoo_model", lambda spec, args, state: model)
+    monkeypatch.setattr(command, "_calibrate", lambda *arguments: (evaluation, False))
+    args = argparse.Namespace(models=["minilm"], quick=False, output=tmp_path / "demo", bootstrap=0, progress=False,
+                              cache_dir=None)
+    command.run_demo(args, SimpleNamespace(is_main_process=True), Console(True))
+    out = capsys.readouterr().out
+    if sample["in_sample"] is False:
+        assert "in-sample" not in out and "evaluated on" not in out, out
+        return
+    note = in_sample_note(evaluation) if sample["in_sample"] else UNKNOWN_SAMPLE_NOTE
+    lines = [line for line in out.splitlines() if line.endswith(f"evaluated on {evaluation_label(evaluation)}")]
+    assert len(lines) == len(command.DEMO_METHODS) and all(note in line for line in lines), out
+    assert [line.split(":")[0] for line in lines] == [f"bbc-minilm-l6, {method}" for method in command.DEMO_METHODS]

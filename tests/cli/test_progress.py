@@ -122,3 +122,25 @@ def test_a_command_logged_to_a_file_writes_lines_not_redraws(digits_cnn, tmp_pat
     stages = [line for line in lines if STAGE_LINE.match(line)]
     assert len(lines) - len(stages) == table + 2 + 7 + 2, text  # notes, header and rule, 7 metrics, fitted, the saved note
     assert len(stages) <= 3, text  # a stage of a short fit writes nothing, a long one one line
+
+
+def test_progress_off_shows_no_bar_of_datasets_and_leaves_its_setting(digits_cnn, capsys):
+    """``progress=False``: a fit and an evaluation on a ``datasets.Dataset`` whose labels are class names (matched to the
+    model's by a ``Dataset.map``, which shows a datasets bar) print no bar; datasets' own setting (on here) is on after."""
+    import datasets
+
+    rows = digits_cnn.dataset["calibration"].select(range(100))
+    names = rows.features["label"].names
+    data = datasets.Dataset.from_dict({"image": rows["image"], "label": [names[label] for label in rows["label"]]})
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.enable_progress_bars()
+    capsys.readouterr()
+    try:
+        calibrated = CalibratedModel.fit(digits_cnn.model, data, method="temperature", progress=False)
+        calibrated.evaluate(data, bootstrap=0, progress=False)
+        assert datasets.is_progress_bar_enabled()
+    finally:
+        if not was_enabled:
+            datasets.disable_progress_bars()
+    err = capsys.readouterr().err
+    assert "Matching labels" not in err and "%|" not in err and "\r" not in err, err

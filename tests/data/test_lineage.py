@@ -8,6 +8,8 @@ calibration rows said True without saying how many.
 
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 import datasets
 import numpy as np
 import pyarrow as pa
@@ -60,7 +62,7 @@ def test_other_rows_are_not_taken_for_calibration_rows(calibration):
     assert holds_rows_of(halves["test"], [halves["train"]]) is False
     assert holds_rows_of(halves["test"].shuffle(seed=1).to_iterable_dataset(), [halves["train"]]) is False
     assert holds_rows_of(halves["train"].select(range(5)), [halves["train"]]) is True
-    assert holds_rows_of(calibration, [None]) is False  # the fit's data object is gone: nothing to compare
+    assert holds_rows_of(calibration, [None]) is None  # the fit's data object is gone: nothing to compare, so unknown
 
 
 @pytest.mark.parametrize("derive", [lambda it: it.skip(10), lambda it: it.map(lambda row: row), lambda it: it.take(5)],
@@ -88,7 +90,7 @@ def test_evaluate_says_unknown_where_it_cannot_know(calibrated, calibration):
 
     result = calibrated.evaluate(calibration.to_iterable_dataset().skip(60), bootstrap=0, progress=False)
     assert result["in_sample"] is None
-    assert evaluation_label(result).endswith("(whether these are data the calibration was fitted on is unknown)")
+    assert evaluation_label(result).endswith("(in-sample not checked: whether these are data the calibration was fitted on is unknown)")
     held_out = calibrated.evaluate(_table(1), bootstrap=0, progress=False)
     assert held_out["in_sample"] is False
 
@@ -216,3 +218,133 @@ def test_a_loaders_sampler_decides_which_rows_are_read_and_counted():
     assert (other["in_sample"], other["in_sample_rows"]) == (True, {"calibration": 20, "total": 60})
     with pytest.raises(UserError, match="WeightedRandomSampler draws samples with replacement"):
         model.evaluate(DataLoader(full, batch_size=16, sampler=WeightedRandomSampler([1.0] * ROWS, ROWS)), bootstrap=0)
+
+
+def _tensor_loader_model(**loader_options: Any) -> Tuple[CalibratedModel, Any]:
+    """(a TS fit on ``DataLoader(TensorDataset of 200 rows, **loader_options)``, that loader)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    rows = TensorDataset(torch.randn(200, 6, generator=generator), torch.randint(0, 4, (200,), generator=generator))
+    loader = DataLoader(rows, **loader_options)
+    torch.manual_seed(0)
+    return CalibratedModel.fit(nn.Linear(6, 4).eval(), loader, method="temperature", progress=False), loader
+
+
+def test_a_batch_sampler_over_part_of_the_rows_is_read_as_that_part():
+    """A ``batch_sampler`` over the first 100 of 200 rows: the fit and the evaluation read those 100 rows, not all 200
+    (the other rows may be the user's test rows)."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    model, loader = _tensor_loader_model(batch_sampler=BatchSampler(SequentialSampler(range(100)), 10, False))
+    assert sum(len(labels) for _, labels in loader) == 100
+    assert model.fit_summary["fit_samples"] == 100
+    assert model.evaluate(loader, bootstrap=0, progress=False)["calibrated"]["num_samples"] == 100
+
+
+def test_the_very_loader_given_to_fit_is_in_sample():
+    """A loader whose sampler reads part of its dataset, evaluated after the fit: in-sample, all its rows (the Subset it
+    stands for is a new object at each read, so the loader itself is what the fit remembers)."""
+    from torch.utils.data import SubsetRandomSampler
+
+    model, loader = _tensor_loader_model(sampler=SubsetRandomSampler(range(100)))
+    result = model.evaluate(loader, bootstrap=0, progress=False)
+    assert (result["in_sample"], result["in_sample_rows"]) == (True, {"calibration": 100, "total": 100})
+
+
+def test_rows_that_cannot_be_compared_are_unknown_not_held_out():
+    """Torch data other than tensors have no row digests, and a model whose calibration rows are not kept (loaded from
+    a record without them) has none to compare with: whether they are calibration rows is unknown (None), never a
+    confident False. Tensor rows are compared by content."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    model, loader = _tensor_loader_model(sampler=SubsetRandomSampler(range(100)))
+    other = DataLoader(loader.dataset, sampler=SubsetRandomSampler(range(100, 200)))
+    assert model.evaluate(other, bootstrap=0, progress=False)["in_sample"] is False  # tensor rows: by content
+    samples = [(features, label) for features, label in loader.dataset]  # a list of samples: no digests
+    assert model.evaluate(samples, bootstrap=0, progress=False)["in_sample"] is None
+    table = _table(5)
+    fitted = CalibratedModel.fit(nn.Linear(6, 4).eval(), table.select(range(60)), method="temperature", progress=False)
+    assert fitted.fitted_on(table.select(range(60, ROWS))) is False
+    fitted._fitted_data, fitted._fitted_rows = [], []  # what a model loaded from a record without row digests holds
+    assert fitted.fitted_on(table.select(range(60, ROWS))) is None
+
+
+@pytest.mark.parametrize("draws", [200, 40])
+def test_a_weighted_sampler_without_replacement_is_read_as_one_draw(draws):
+    """``WeightedRandomSampler(replacement=False)`` yields each row once: accepted, as the rows of one draw, which
+    leaves the random state as it was (the user's next epoch draws the same rows)."""
+    from torch.utils.data import WeightedRandomSampler
+
+    sampler = WeightedRandomSampler(torch.linspace(1, 2, 200), draws, replacement=False)
+    model, loader = _tensor_loader_model(sampler=sampler, batch_size=16)
+    assert model.fit_summary["fit_samples"] == draws
+    state = torch.get_rng_state()
+    result = model.evaluate(loader, bootstrap=0, progress=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert (result["calibrated"]["num_samples"], result["in_sample"]) == (draws, True)
+
+
+def test_a_sampler_yielding_a_row_twice_is_refused():
+    from hf_calibrate._errors import UserError
+
+    with pytest.raises(UserError, match=r"yields some samples more than once \(4 draws of 2 samples\).*yields each sample once"):
+        _tensor_loader_model(sampler=[0, 1, 0, 1])
+
+
+def test_tensor_rows_are_compared_by_content():
+    """A TensorDataset's rows: the same values in a new tensor are calibration rows, a changed row is not, another
+    dtype cannot be compared (unknown); in-place changes to the fitted tensors are seen."""
+    from torch.utils.data import Subset, TensorDataset
+
+    generator = torch.Generator().manual_seed(4)
+    inputs, labels = torch.randn(120, 6, generator=generator), torch.randint(0, 4, (120,), generator=generator)
+    fitted = TensorDataset(inputs, labels)
+    copy = TensorDataset(inputs.clone(), labels.clone())
+    copy.tensors[0][:10] += 1.0
+    assert shared_rows(copy, [fitted]) == (110, 120)
+    assert shared_rows(Subset(copy, range(30)), [fitted]) == (20, 30)
+    assert shared_rows(TensorDataset(inputs.double(), labels), [fitted]) is None
+    inputs[:60] = 0.0  # the fitted rows changed in place
+    assert shared_rows(copy, [fitted]) == (60, 120)  # rows 60-119 only (stale digests would say 110)
+
+
+def test_rows_split_twice_are_known_and_a_users_own_subset_class_is_no_torch_subset():
+    """``random_split`` of a ``random_split`` of a TensorDataset: its rows are counted through both index maps; a user
+    class that happens to be named ``Subset`` is data like any other (it used to break the digests)."""
+    from torch.utils.data import Dataset, TensorDataset, random_split
+
+    generator = torch.Generator().manual_seed(2)
+    rows = TensorDataset(torch.randn(200, 6, generator=generator), torch.randint(0, 4, (200,), generator=generator))
+    outer, _ = random_split(rows, [150, 50], generator=generator)
+    calibration, held_out = random_split(outer, [100, 50], generator=generator)
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), calibration, method="temperature", progress=False)
+    assert model.evaluate(rows, bootstrap=0, progress=False)["in_sample_rows"] == {"calibration": 100, "total": 200}
+    assert model.evaluate(held_out, bootstrap=0, progress=False)["in_sample"] is False
+
+    class Subset(Dataset):  # noqa: D401 - a user's class with torch's name
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+            return rows[index]
+
+    assert model.evaluate(Subset(), bootstrap=0, progress=False)["in_sample"] is None
+
+
+def test_a_gone_fitted_object_without_digests_leaves_its_rows_unknown_not_held_out():
+    """Validation data without row digests (a list of samples), gone after the fit: data holding its rows are not
+    claimed to be held out (None), before and after a save; the calibration rows are still known."""
+    import gc
+
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(6)
+    inputs, labels = torch.randn(160, 6, generator=generator), torch.randint(0, 4, (160,), generator=generator)
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), TensorDataset(inputs[:100], labels[:100]), method="neural_clamping",
+                                validation_data=[(inputs[index], labels[index]) for index in range(100, 160)],
+                                epochs=1, progress=False)
+    gc.collect()
+    assert model.evaluate(TensorDataset(inputs[100:], labels[100:]), bootstrap=0, progress=False)["in_sample"] is None
+    assert model.evaluate(TensorDataset(inputs[:10], labels[:10]), bootstrap=0, progress=False)["in_sample"] is True
+    assert model._kept_rows()[1] is None  # nothing to save: a partial set of digests would say False for those rows

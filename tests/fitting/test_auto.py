@@ -150,7 +150,7 @@ def test_auto_saves_loads_and_says_why_in_its_card(biased_fit, tmp_path):
 def test_candidates_below_their_least_data_are_left_out_with_the_reason():
     logits, labels = _logits_and_labels(200, 3, scale=3.0)
     labels = logits.argmax(dim=1)  # the model is never wrong: only temperature scaling can be fitted
-    with pytest.warns(UserWarning, match="all 200 calibration rows are classified correctly"):  # temperature scaling's own
+    with pytest.warns(UserWarning, match="on the calibration rows: all 200 rows are classified correctly"):  # temperature scaling's own
         model = _fit_auto(logits, labels, candidates=["vector", "isotonic"])
     rows = {row["method"]: row for row in model.fit_summary["auto"]["candidates"]}
     assert model.method == "temperature"

@@ -162,3 +162,46 @@ def test_a_base_with_class_names_keeps_them_whatever_the_data_call_them():
                                       features=features)
     calibrated = tm.fit(base, data.with_format("torch"), "temperature")
     assert calibrated.config.id2label == dict(enumerate(tm.LABELS)) and "class_names" not in calibrated.fit_summary
+
+
+def test_texts_longer_than_the_calibrated_max_length_are_named():
+    """Calibrated at max_length=16: a text longer than the model takes is refused naming max_length=16 (not the model's
+    limit), a text between the two warns once per model, and the saved tokenizer's truncation=True gives no warning."""
+    import warnings
+
+    import datasets
+
+    base, _, tokenizer = tm.make_base("bert")
+    texts = tm.sentences(48, seed=2)
+    data = datasets.Dataset.from_dict({"text": texts, "label": [index % tm.NUM_CLASSES for index in range(len(texts))]})
+    model = CalibratedModel.fit(base, data, method="temperature", preprocessor=tokenizer, max_length=16, progress=False)
+    pipe = pipeline("text-classification", model=model, tokenizer=model.preprocessor)
+    medium, long = " ".join(tm.sentences(4, seed=3)), " ".join(tm.sentences(40, seed=1))
+    with pytest.raises(ValueError, match=r"positions this model takes\. Truncate the texts at the max_length=16 they were "
+                                         r"calibrated at: pipe\(texts, truncation=True, max_length=16\)"):
+        pipe(long)
+    with pytest.warns(UserWarning, match=r"a text of \d+ tokens, longer than the max_length=16 the calibration was fitted at"):
+        pipe(medium)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe(medium)  # said once per model
+        pipe(long, truncation=True)
+
+
+def test_a_calibrated_max_length_beyond_the_models_positions_is_not_advised():
+    """Calibrated without max_length, the tokenizer's 512 is recorded, beyond the 64 positions the tiny model takes: the
+    refusal advises truncating at 64 (following it works), not at 512."""
+    import datasets
+
+    base, _, tokenizer = tm.make_base("bert")
+    texts = tm.sentences(32, seed=4)
+    data = datasets.Dataset.from_dict({"text": texts, "label": [index % tm.NUM_CLASSES for index in range(len(texts))]})
+    model = CalibratedModel.fit(base, data, method="temperature", preprocessor=tokenizer, progress=False)
+    limit = base.config.max_position_embeddings
+    assert model.backbone.calibrated_max_length > limit
+    pipe = pipeline("text-classification", model=model, tokenizer=tokenizer)
+    long = " ".join(tm.sentences(40, seed=1))
+    with pytest.raises(ValueError, match=rf"Truncate the texts: pipe\(texts, truncation=True, max_length={limit}\)"):
+        pipe(long)
+    [output] = pipe(long, truncation=True, max_length=limit)
+    assert 0 < output["score"] <= 1

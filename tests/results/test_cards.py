@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import json
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Dict
@@ -24,6 +25,7 @@ from hf_calibrate.results.cards import DIAGRAM_FILE
 from hf_calibrate.metrics import ReliabilityBins, brier_score
 from hf_calibrate.modeling import TemperatureScalingFallbackWarning
 from hf_calibrate.serialization import ArtifactError
+from hf_calibrate.serialization.identity import repo_id_problem
 
 METRICS = ("accuracy", "ece", "ada_ece", "classwise_ece", "nll", "brier")
 SIDES = ("uncalibrated", "calibrated")
@@ -243,16 +245,27 @@ def _card(folder: Path) -> ModelCard:
     return ModelCard.load(folder / "README.md")
 
 
-def test_card_is_named_after_its_folder_and_shows_how_to_load_it(tmp_path):
-    """Saved locally, the card's title is the folder's name and its usage snippet loads that folder: no placeholder."""
+def test_a_card_saved_to_a_folder_names_it_but_shows_no_path_of_the_authors_machine(tmp_path):
+    """A card is shared, and the path of the folder it was saved to (here a temporary one) means nothing to its
+    readers: the title is the folder's name, the usage snippet loads a placeholder named after it, which is no repo
+    id (copied unchanged, it loads nobody's model), and so it stays when new results are put into the folder."""
     base, data, _ = tm.make_base("timm")
     folder = tmp_path / "digits-resnet-ts"
-    tm.fit(base, data, "temperature").save_pretrained(folder)
+    calibrated = tm.fit(base, data, "temperature")
+    calibrated.save_pretrained(folder)
+    push_evaluation_results(folder, calibrated.evaluate(data, dataset_name="digits", progress=False))
     card = _card(folder)
     assert card.data.model_name == "digits-resnet-ts" and "\n# digits-resnet-ts\n" in card.text
-    assert "calibrated-model" not in str(card) and "<repo>" not in str(card)
-    assert f'CalibratedModel.from_pretrained("{folder}")' in card.text
-    assert f'timm.create_model("local-dir:{folder}", pretrained=True)' in card.text
+    for path in {str(tmp_path), str(tmp_path.resolve()), tempfile.gettempdir()}:
+        assert path not in str(card), path
+    placeholder = "<user>/digits-resnet-ts"
+    assert repo_id_problem(placeholder) and f"replace `{placeholder}` with the repo" in card.text
+    assert f'CalibratedModel.from_pretrained("{placeholder}")' in card.text
+    assert f'timm.create_model("hf-hub:{placeholder}", pretrained=True)' in card.text
+    # a repo id, when the save is given one, is what the card loads
+    calibrated.save_pretrained(tmp_path / "named", repo_id="someone/digits-resnet-ts")
+    named = _card(tmp_path / "named")
+    assert 'CalibratedModel.from_pretrained("someone/digits-resnet-ts")' in named.text and "<user>" not in str(named)
 
 
 def test_card_names_the_base_model_for_the_hub_model_tree(tmp_path):
@@ -342,6 +355,18 @@ def test_a_card_rendered_later_from_the_saved_record_says_the_same(in_sample_fol
     assert {r.dataset_name for r in later.data.eval_results} == {"digits-16px (in-sample: the calibration data)"}
     reloaded = CalibratedModel.from_pretrained(in_sample_folder)
     assert reloaded.last_evaluation["in_sample"] is True
+
+
+def test_results_whose_in_sample_could_not_be_checked_say_so(in_sample_folder):
+    """``in_sample`` None (rows that cannot be compared): the card and the diagram's title say it was not checked,
+    rather than passing the results off as held out."""
+    record = json.loads((in_sample_folder / "calibration_config.json").read_text())
+    record["evaluation"] = {**record["evaluation"], "in_sample": None, "in_sample_rows": None}
+    text = cards.render_card(record, repo_id="someone/model").text
+    assert "(15 bins; in-sample not checked: whether these are data the calibration was fitted on is unknown)" in text
+    assert "**In-sample results.**" not in text
+    assert cards.diagram_title(record["evaluation"]).endswith("\nIn-sample not checked: whether these are data the "
+                                                             "calibration was fitted on is unknown")
 
 
 def test_a_record_saved_before_in_sample_was_recorded_is_read_by_its_splits():

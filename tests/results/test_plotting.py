@@ -259,3 +259,45 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
 def test_docstring_examples_run():
     result = doctest.testmod(plotting, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 6 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- titles break between phrases
+
+#: a diagram title as the CLI's evaluate words it: model, method, data (a long hub dataset name) and the in-sample note
+LONG_TITLE = (
+    "digits-resnet-ts: Reliability of Temperature scaling on some-organisation/scikit-learn-handwritten-digits-8px, "
+    "validation split, 450 samples\nIn-sample: data the calibration was fitted on, so optimistic"
+)
+
+
+def _assert_broken_between_phrases(title: str, wrapped: str) -> None:
+    """``wrapped`` is ``title`` with some of its spaces made line breaks, each after ", ", "; ", ": " or ")", or before
+    "(": never inside a phrase such as "validation split" or "450 samples"."""
+    assert wrapped.replace("\n", " ") == title.replace("\n", " ")
+    for index, (was, now) in enumerate(zip(title, wrapped)):
+        if (was, now) == (" ", "\n"):
+            assert wrapped[index - 1] in ",;:)" or wrapped[index + 1] == "(", wrapped
+
+
+@pytest.mark.parametrize("width", [10, 25, 40, 60, 90, 200])
+def test_phrase_lines_break_only_between_phrases_and_only_where_a_line_would_not_fit(width):
+    def fits(line: str) -> bool:
+        return len(line) <= width
+
+    _assert_broken_between_phrases(LONG_TITLE, "\n".join(plotting.phrase_lines(LONG_TITLE, fits)))
+    for title_line in LONG_TITLE.split("\n"):  # its own line breaks are kept; each line is broken on its own
+        lines = plotting.phrase_lines(title_line, fits)
+        assert all(fits(line) or len(plotting.PHRASE_BREAK.split(line)) == 1 for line in lines)  # too wide: one phrase
+        for line, following in zip(lines, lines[1:]):  # broken only where the next phrase did not fit
+            assert not fits(f"{line} {plotting.PHRASE_BREAK.split(following)[0]}")
+
+
+def test_a_long_diagram_title_wraps_between_phrases_in_both_kinds_of_figure():
+    """The title as drawn (matplotlib wraps nothing more: ``wrap`` is off) breaks only between phrases."""
+    compared = compare_reliability_diagrams({"uncalibrated": BINS, "calibrated": BINS}, title=LONG_TITLE)
+    single = reliability_diagram(BINS, title=LONG_TITLE).axes[0]
+    ece = f"\nECE = {BINS.ece:.4f}"
+    for text, title in [(compared._suptitle, LONG_TITLE), (single.title, LONG_TITLE + ece)]:
+        wrapped = text.get_text()
+        assert wrapped.count("\n") > title.count("\n") and not text.get_wrap()  # too wide for one line: broken
+        _assert_broken_between_phrases(title, wrapped)
