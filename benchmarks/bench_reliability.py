@@ -100,6 +100,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_a_loaders_sampler_decides_which_rows_are_read_and_counted": ("samplers: a loader read as the rows it yields", HANDLED),
     "test_rows_split_twice_are_known_and_a_users_own_subset_class_is_no_torch_subset": ("in-sample: data derived from the calibration data", HANDLED),
     "test_a_gone_fitted_object_without_digests_leaves_its_rows_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),
+    "test_in_sample_false_over_calibration_rows_is_kept_but_warned_about": ("in-sample: data derived from the calibration data", HANDLED),
     "test_a_loaded_model_knows_its_calibration_rows": ("in-sample: a saved and reloaded model", HANDLED),
     "test_a_loaded_model_fitted_on_tensors_knows_its_tensor_rows": ("in-sample: a saved and reloaded model", HANDLED),
     "test_tensor_rows_are_compared_by_content": ("in-sample: data derived from the calibration data", HANDLED),

@@ -154,8 +154,13 @@ def evaluate_model(
     uncalibrated, calibrated = accumulate(model, data, own, options, kept=kept)
     with torch.no_grad():
         summary = evaluation.summarize(uncalibrated, calibrated)
-        in_sample, rows = (own["in_sample"], None) if own["in_sample"] is not None else in_sample_rows(
-            model, data, summary["calibrated"]["num_samples"])
+        in_sample, rows = in_sample_rows(model, data, summary["calibrated"]["num_samples"])
+        if own["in_sample"] is False and in_sample:
+            warn_user(f"in_sample=False was given, but these data hold rows the calibration was fitted on ("
+                      f"{rows['calibration']} of {rows['total']}): the results are labelled held-out as asked, and are "
+                      "optimistic. Leave in_sample unset, or evaluate on rows the fit did not use.")
+        if own["in_sample"] is not None:
+            in_sample, rows = own["in_sample"], None
         result = {
             **summary,
             "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},

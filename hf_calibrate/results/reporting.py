@@ -224,10 +224,13 @@ def in_sample_warning(evaluation: Mapping[str, Any], available_splits: Sequence[
 
 
 def model_index_dataset_name(evaluation: Mapping[str, Any]) -> str:
-    """The model-index ``dataset.name`` of ``evaluation``: its display name, marked as calibration data when in-sample."""
+    """The model-index ``dataset.name`` of ``evaluation``: its display name, marked as calibration data when in-sample,
+    and as not checked when that is unknown (a leaderboard would otherwise take it for held-out data)."""
     name, part = evaluation["dataset"], _in_sample_part(evaluation)
     if part:
         return f"{name} (partly in-sample: {part} are calibration data)"
+    if "in_sample" in evaluation and evaluation["in_sample"] is None:
+        return f"{name} (in-sample not checked)"
     return f"{name} (in-sample: the calibration data)" if evaluation.get("in_sample") else name
 
 

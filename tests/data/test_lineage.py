@@ -348,3 +348,16 @@ def test_a_gone_fitted_object_without_digests_leaves_its_rows_unknown_not_held_o
     assert model.evaluate(TensorDataset(inputs[100:], labels[100:]), bootstrap=0, progress=False)["in_sample"] is None
     assert model.evaluate(TensorDataset(inputs[:10], labels[:10]), bootstrap=0, progress=False)["in_sample"] is True
     assert model._kept_rows()[1] is None  # nothing to save: a partial set of digests would say False for those rows
+
+
+def test_in_sample_false_over_calibration_rows_is_kept_but_warned_about():
+    """``in_sample=False`` overrides, as documented, but not silently when the rows show otherwise."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(8)
+    rows = TensorDataset(torch.randn(80, 6, generator=generator), torch.randint(0, 4, (80,), generator=generator))
+    model = CalibratedModel.fit(nn.Linear(6, 4).eval(), rows, method="temperature", progress=False)
+    with pytest.warns(UserWarning, match=r"in_sample=False was given, but these data hold rows the calibration was "
+                                         r"fitted on \(80 of 80\)"):
+        result = model.evaluate(rows, in_sample=False, bootstrap=0, progress=False)
+    assert (result["in_sample"], result["in_sample_rows"]) == (False, None)

@@ -365,6 +365,8 @@ def test_results_whose_in_sample_could_not_be_checked_say_so(in_sample_folder):
     text = cards.render_card(record, repo_id="someone/model").text
     assert "(15 bins; in-sample not checked: whether these are data the calibration was fitted on is unknown)" in text
     assert "**In-sample results.**" not in text
+    rendered = cards.render_card(record, repo_id="someone/model")
+    assert {result.dataset_name for result in rendered.data.eval_results} == {"digits-16px (in-sample not checked)"}
     assert cards.diagram_title(record["evaluation"]).endswith("\nIn-sample not checked: whether these are data the "
                                                              "calibration was fitted on is unknown")
 

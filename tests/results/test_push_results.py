@@ -207,4 +207,5 @@ def test_the_cli_says_what_it_replaced(models, tmp_path, capsys):
             f"split, 24 samples: {CARD}, {DIAGRAM}, {CONFIG}") in out
     card = ModelCard.load(folder / CARD)
     assert "Evaluated on **shapes, test split, 24 samples**" in card.text
-    assert {entry.dataset_name for entry in card.data.eval_results} == {"shapes"}
+    # fitted on tensors, evaluated on image files: whether they share rows cannot be checked, and the model-index says so
+    assert {entry.dataset_name for entry in card.data.eval_results} == {"shapes (in-sample not checked)"}
