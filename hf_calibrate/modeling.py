@@ -159,9 +159,11 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     def _warn_if_longer_than_calibrated(self, inputs: Dict[str, Any]) -> None:
         """Warn, once per model, when a text is longer than the ``max_length`` the calibration was fitted at: its
         confidences hold for the texts it saw, truncated there."""
-        limit = self.backbone.calibrated_max_length
+        limit, padded = self.backbone.calibrated_max_length, inputs.get(self.backbone.input_key)
+        if limit is None or self._warned_length or (isinstance(padded, torch.Tensor) and padded.shape[-1] <= limit):
+            return  # no text of the batch can be longer (and the counts below would wait for the device)
         tokens = self.backbone.token_counts(inputs)
-        if limit is None or tokens is None or self._warned_length or int(tokens.max()) <= limit:
+        if tokens is None or int(tokens.max()) <= limit:
             return
         self._warned_length = True
         warn_user(f"this input holds a text of {int(tokens.max())} tokens, longer than the max_length={limit} the "
