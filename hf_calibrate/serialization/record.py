@@ -226,7 +226,8 @@ def _load_verified(
         base = base_model if base_model is not None else load_base(root, record, **hub_options)
         backbone = adapt(base, num_classes=calibrator.num_classes)
         verify_against_base(root, record, backbone, calibrator, base_passed=base_model is not None)
-        return record, calibrator, base, _load_preprocessor(root, record)
+        preprocessor = _load_preprocessor(root, record)
+        return record, calibrator, base, preprocessor if preprocessor is not None else _timm_wrapper_processor(base, record)
 
 
 def _load_preprocessor(root: Path, record: Dict[str, Any]) -> Any:
@@ -238,6 +239,21 @@ def _load_preprocessor(root: Path, record: Dict[str, Any]) -> Any:
             f"{root}: the saved preprocessor (tokenizer or image processor files) cannot be loaded "
             f"({type(error).__name__}: {str(error)[:300]}); {RESAVE}"
         ) from None
+
+
+def _timm_wrapper_processor(base: nn.Module, record: Dict[str, Any]) -> Any:
+    """The image processor of a transformers ``TimmWrapper`` base, rebuilt from its verified config and sized to the
+    calibration's input contract; None for other bases. transformers saves none beside such a model
+    (``TimmWrapperImageProcessor`` keeps its settings in the model's own ``config.json``, which is the calibrated
+    model's here), so without this a loaded model could not preprocess raw images."""
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) != "timm_wrapper" or not isinstance(getattr(config, "pretrained_cfg", None), dict):
+        return None
+    from transformers import TimmWrapperImageProcessor
+
+    from ..backbones.preprocessing import contract_preprocessor
+
+    return contract_preprocessor(TimmWrapperImageProcessor(pretrained_cfg=config.pretrained_cfg), record.get("input_contract"))
 
 
 def label2id(base: nn.Module, id2label: Dict[int, str]) -> Dict[str, int]:

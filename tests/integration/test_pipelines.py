@@ -205,3 +205,25 @@ def test_a_calibrated_max_length_beyond_the_models_positions_is_not_advised():
         pipe(long)
     [output] = pipe(long, truncation=True, max_length=limit)
     assert 0 < output["score"] <= 1
+
+
+def test_a_timm_wrapper_base_loads_back_with_its_image_processor(digits_cnn, tmp_path):
+    """A timm model loaded through transformers (``TimmWrapperForImageClassification``): transformers saves no image
+    processor beside it, so the loaded calibration rebuilds it from the base's config. It used to load with none, and
+    raw images were refused ("raw images need the model's image processor"); its scores equal the fitted model's."""
+    from transformers import AutoImageProcessor, TimmWrapperForImageClassification
+
+    base = TimmWrapperForImageClassification.from_pretrained(str(digits_cnn.path))
+    processor = AutoImageProcessor.from_pretrained(str(digits_cnn.path))
+    calibration, test = digits_cnn.dataset["calibration"], digits_cnn.dataset["test"].select(range(40))
+    fitted = CalibratedModel.fit(base, calibration, method="temperature", preprocessor=processor, progress=False)
+    fitted.save_pretrained(tmp_path / "model")
+    loaded = CalibratedModel.from_pretrained(tmp_path / "model")
+    assert type(loaded.preprocessor).__name__ == "TimmWrapperImageProcessor"
+    assert loaded.evaluate(test, bootstrap=0, progress=False)["calibrated"] == fitted.evaluate(test, bootstrap=0, progress=False)["calibrated"]
+    pipe = pipeline("image-classification", model=loaded, image_processor=loaded.preprocessor)
+    scores = {row["label"]: row["score"] for row in pipe(test[0]["image"], top_k=len(loaded.config.id2label))}
+    inputs = loaded.preprocessor(test[0]["image"].convert("RGB"), return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.softmax(loaded(**inputs).logits[0], dim=0)
+    assert [scores[loaded.config.id2label[index]] for index in range(len(expected))] == pytest.approx(expected.tolist(), abs=1e-6)
