@@ -185,9 +185,15 @@ def evaluation_label(evaluation: Mapping[str, Any]) -> str:
 def sample_note(evaluation: Mapping[str, Any]) -> Optional[str]:
     """What results say of whether ``evaluation``'s data are calibration data: :func:`in_sample_note` when they are,
     :data:`UNKNOWN_SAMPLE_NOTE` when that could not be checked (``in_sample`` None), else None (held out)."""
-    if "in_sample" in evaluation and evaluation["in_sample"] is None:
+    if _not_checked(evaluation):
         return UNKNOWN_SAMPLE_NOTE
     return in_sample_note(evaluation) if evaluation.get("in_sample") else None
+
+
+def _not_checked(evaluation: Mapping[str, Any]) -> bool:
+    """Whether it could not be checked if ``evaluation``'s data are calibration data (``in_sample`` given, None);
+    records saved before ``in_sample`` existed lack the key, and are not unchecked."""
+    return "in_sample" in evaluation and evaluation["in_sample"] is None
 
 
 def in_sample_note(evaluation: Mapping[str, Any]) -> str:
@@ -229,7 +235,7 @@ def model_index_dataset_name(evaluation: Mapping[str, Any]) -> str:
     name, part = evaluation["dataset"], _in_sample_part(evaluation)
     if part:
         return f"{name} (partly in-sample: {part} are calibration data)"
-    if "in_sample" in evaluation and evaluation["in_sample"] is None:
+    if _not_checked(evaluation):
         return f"{name} (in-sample not checked)"
     return f"{name} (in-sample: the calibration data)" if evaluation.get("in_sample") else name
 
