@@ -186,22 +186,28 @@ def warm_up() -> None:
 
 
 def measure_size(size: str, data: Tuple[torch.Tensor, ...], peers_ok: bool, repeats: int) -> Dict[str, Row]:
-    """Every row of one size; 449 × 10 timed ``repeats`` times (median), 5,000 × 100 3 times, 25,000 × 1,000 once."""
+    """Every row of one size, each fit timed once per round in interleaved rounds (ours, auto, the peers; so that the
+    machine's load hits them alike): ``repeats`` rounds at 449 × 10, 3 at 5,000 × 100, 1 at 25,000 × 1,000; the
+    median time, the largest peak."""
     repeats = {"digits": repeats, "5000x100": 3}.get(size, 1)
-    rows: Dict[str, Row] = {}
-    uncalibrated = float(F.cross_entropy(data[2].double(), data[3]))
-    rows["uncalibrated"] = Row("uncalibrated", None, None, uncalibrated)
-    for method in METHODS:
-        rows[method] = measured(method, ours(method), data, repeats)
-        print(f"  {method}: {rows[method].seconds:.3f} s", flush=True)
-    rows["auto"] = measured("auto", auto, data, repeats)
-    rows["auto"].note = f"chose {auto.chosen}"  # type: ignore[attr-defined]
-    print(f"  auto: {rows['auto'].seconds:.3f} s", flush=True)
+    rows: Dict[str, Row] = {"uncalibrated": Row("uncalibrated", None, None, float(F.cross_entropy(data[2].double(), data[3])))}
+    contenders: Dict[str, Callable[[torch.Tensor, torch.Tensor], Predict]] = {method: ours(method) for method in METHODS}
+    contenders["auto"] = auto
     for name in ("ts-mix", "svs", "sms"):
         reason = SKIPPED_PEERS.get(size, {}).get(name) or (None if peers_ok else "probmetrics is not installed")
-        rows[f"probmetrics {name}"] = Row(f"probmetrics {name}", None, None, None, reason) if reason else measured(name, _probmetrics(name), data, repeats)
-        print(f"  {name}: done", flush=True)
-    return rows
+        if reason:
+            rows[f"probmetrics {name}"] = Row(f"probmetrics {name}", None, None, None, reason)
+        else:
+            contenders[f"probmetrics {name}"] = _probmetrics(name)
+    rounds: Dict[str, List[Row]] = {label: [] for label in contenders}
+    for _ in range(repeats):
+        for label, fit in contenders.items():
+            rounds[label].append(measured(label, fit, data))
+            print(f"  {label}: {rounds[label][-1].seconds:.3f} s", flush=True)
+    for label, measures in rounds.items():
+        rows[label] = Row(label, statistics.median(row.seconds for row in measures), max(row.peak_bytes for row in measures), measures[-1].nll)
+    rows["auto"].note = f"chose {auto.chosen}"  # type: ignore[attr-defined]
+    return {label: rows[label] for label in ("uncalibrated", *METHODS, "auto", *(f"probmetrics {name}" for name in ("ts-mix", "svs", "sms")))}
 
 
 def _versus_peer(method: str, rows: Dict[str, Row]) -> str:
@@ -261,9 +267,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 NOTES = [
     "## Notes",
     "",
-    "- Time: the median of `--repeats` fits at ~450 × 10, of 3 at 5,000 × 100, one fit at 25,000 × 1,000 (this shared 2-core machine "
-    "varies by about ±30 % run to run); the imports a first fit pays once per process are paid before the table "
-    "(`warm_up`).",
+    "- Time: the median of `--repeats` fits at ~450 × 10, of 3 at 5,000 × 100, one fit at 25,000 × 1,000, every fit "
+    "(ours, auto and the peers) timed once per round in interleaved rounds (this shared 2-core machine varies by about "
+    "±30 % run to run); the imports a first fit pays once per process are paid before the table (`warm_up`).",
     "- Peak memory is the process's resident set above its size before the fit, sampled every 2 ms: it includes "
     "what the allocator had already freed and kept, so small fits can show 0 B.",
     "- `auto` runs every logit candidate on all rows and on its default folds (5, or 2 from 10⁷ logit values on: 2 "

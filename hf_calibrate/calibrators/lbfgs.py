@@ -31,7 +31,7 @@ WARN_AFTER_SECONDS = 60.0
 TIME_FROM_WORK = 1e9
 HISTORY_SIZE = 20
 #: objective evaluations a fit of a C×C map at its default ridge typically takes: 10–34 measured from 450 × 10 to
-#: 50,000 × 1,000 on the isotropic variables (:func:`.linear.isotropic_scale`; 14–60 before them); the estimate said
+#: 50,000 × 1,000 on the isotropic variables (:func:`.linear_maps.isotropic_scale`; 14–60 before them); the estimate said
 #: before a long fit
 TYPICAL_EVALUATIONS = 35
 #: a fit whose objective still falls by more than this (nats) is reported as not converged

@@ -47,17 +47,20 @@ class Footprint:
         rows: (N, C) arrays: the logits' working copy, features, probabilities, gradients.
         maps: (C, C) arrays (with their C biases): a full map, its gradient, L-BFGS's history and line search.
         advice: the way out said when the fit is refused.
+        stacked: values held besides, at most, by the arrays of a joint fit of stacked problems (a cross-fitted check
+            on small data: :mod:`.linear_maps`).
     """
 
     rows: float
     maps: float = 0.0
     advice: str = "Fit on fewer rows, or on a machine with more memory."
+    stacked: int = 0
 
     def bytes(self, rows: int, classes: int) -> int:
         """Peak bytes of a fit on (rows, classes) logits, finding the rows' copies included (:data:`GROUPING_ROWS`)."""
         element_size = torch.finfo(work_dtype(rows, classes)).bits // 8
         row_arrays = self.rows + GROUPING_ROWS
-        return int(element_size * (row_arrays * rows * classes + self.maps * (classes * classes + classes)))
+        return int(element_size * (row_arrays * rows * classes + self.maps * (classes * classes + classes) + self.stacked))
 
 
 def work_dtype(rows: int, classes: int) -> torch.dtype:

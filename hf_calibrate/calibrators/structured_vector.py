@@ -33,7 +33,7 @@ from torch import nn
 from . import lbfgs
 from .base import Calibrator, Range, check_fields, ranged, require
 from .holdout import distinct_rows, fit_groups
-from .linear import Ridge, ridge_strengths
+from .linear_maps import Ridge, ridge_strengths
 from .memory import Footprint, work_dtype
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_warnings
@@ -125,7 +125,7 @@ class StructuredVectorScaling(Calibrator):
     def _objective(self, x: torch.Tensor, labels: torch.Tensor, free: torch.Tensor, bias: torch.Tensor,
                    ridge: Ridge) -> Callable[[], torch.Tensor]:
         """() → mean NLL of :meth:`_map` + ρ_d (‖v‖₂² + ‖b‖₂²) at the current (C,) ``free`` v and (C,) ``bias`` on the
-        (N, C) features ``x`` (``ridge``: :func:`.linear.ridge_strengths`' (ρ_d, ρ_o))."""
+        (N, C) features ``x`` (``ridge``: :func:`.linear_maps.ridge_strengths`' (ρ_d, ρ_o))."""
 
         def objective() -> torch.Tensor:
             return F.cross_entropy(self._map(x, free, bias), labels) + ridge[0] * (free.square().sum() + bias.square().sum())

@@ -35,119 +35,130 @@ MAX_HALVINGS = 20
 SCALE_BOUNDS = (1.01e-4, 1e4 / 1.01)
 
 
-def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> Tuple[float, torch.Tensor]:
-    """Mean NLL of softmax(scale ⊙ logits + bias) and a (5, C) float64 tensor of per-class sums / N:
-    Σ p·z and Σ p (the gradient before the label terms), Σ z²q, Σ z·q and Σ q with q = p(1 − p).
+def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                        rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For each of P problems on the same (N, C) ``logits`` and (N,) ``labels``, the mean NLL of softmax(a ⊙ z + b) over
+    its rows, and its per-class sums / rows: Σ p·z and Σ p (the gradient before the label terms), Σ z²q, Σ z·q and Σ q
+    with q = p(1 − p).
 
-    ``logits`` (N, C) float32 or float64; ``scale``, ``bias`` (C,) of any float dtype. A chunk's column sums are
-    matrix-vector products at the logits' precision (a float64-accumulating ``sum(dim=0)`` of float32 took 14× as
-    long), added up over chunks in float64.
+    ``scale`` a, ``bias`` b: (P, C), any float dtype; ``rows``: (P, N) 0/1 of the rows each problem holds (None: one
+    problem of every row). Returns the (P,) float64 losses and a (5, P, C) float64 tensor. A chunk's column sums are
+    products at the logits' precision with the rows' 0/1 (a float64-accumulating ``sum(dim=0)`` of float32 took 14× as
+    long), added up over chunks in float64; chunks shrink with P, so P problems hold about one problem's chunk memory.
     """
-    rows = chunk_rows(logits)
-    scale, bias = scale.to(logits.dtype), bias.to(logits.dtype)
-    sums = torch.zeros(5, logits.shape[1], dtype=torch.float64, device=logits.device)
-    loss = torch.zeros((), dtype=torch.float64, device=logits.device)
-    ones = torch.ones(rows, dtype=logits.dtype, device=logits.device)
-    for start in range(0, logits.shape[0], rows):
-        z, y = logits[start : start + rows], labels[start : start + rows]
-        shifted = torch.addcmul(bias, z, scale)
-        top = shifted.amax(dim=1, keepdim=True)
-        label_terms = shifted.gather(1, y[:, None])
+    problems = scale.shape[0]
+    rows = torch.ones(1, logits.shape[0], dtype=logits.dtype, device=logits.device) if rows is None else rows.to(logits.dtype)
+    chunk = max(1, chunk_rows(logits) // problems)
+    scale, bias = scale.to(logits.dtype)[:, None, :], bias.to(logits.dtype)[:, None, :]
+    sums = torch.zeros(5, problems, logits.shape[1], dtype=torch.float64, device=logits.device)
+    loss = torch.zeros(problems, dtype=torch.float64, device=logits.device)
+    for start in range(0, logits.shape[0], chunk):
+        z, y, member = logits[start : start + chunk], labels[start : start + chunk], rows[:, None, start : start + chunk]
+        shifted = torch.addcmul(bias, z, scale)  # (P, n, C)
+        top = shifted.amax(dim=2, keepdim=True)
+        label_terms = shifted.gather(2, y[None, :, None].expand(problems, -1, 1))
         probs = shifted.sub_(top).exp_()
-        total = probs.sum(dim=1, keepdim=True)
-        loss += (top + total.log() - label_terms).sum(dtype=torch.float64)
+        total = probs.sum(dim=2, keepdim=True)
+        loss += (member.squeeze(1) * (top + total.log() - label_terms).squeeze(2)).sum(1, dtype=torch.float64)
         probs.div_(total)
         curvature = torch.addcmul(probs, probs, probs, value=-1)
         weighted = curvature * z
-        row = ones[: len(z)]  # (rows,) @ (rows, C): the column sums
-        sums[0] += (row @ probs.mul(z)).double()
-        sums[1] += (row @ probs).double()
-        sums[3] += (row @ weighted).double()
-        sums[2] += (row @ weighted.mul_(z)).double()
-        sums[4] += (row @ curvature).double()
-    return float(loss) / logits.shape[0], sums / logits.shape[0]
+        sums[0] += torch.bmm(member, probs.mul(z)).squeeze(1).double()  # (P, 1, n) @ (P, n, C): the column sums
+        sums[1] += torch.bmm(member, probs).squeeze(1).double()
+        sums[3] += torch.bmm(member, weighted).squeeze(1).double()
+        sums[2] += torch.bmm(member, weighted.mul_(z)).squeeze(1).double()
+        sums[4] += torch.bmm(member, curvature).squeeze(1).double()
+    counts = rows.double().sum(dim=1)
+    return loss / counts, sums / counts[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
 class TowardsTemperature:
-    """The ridge ρ · Σ_c ((a_c − β)/β)² + ρ · Σ_c b_c² pulling vector scaling towards temperature scaling.
+    """The ridge ρ · Σ_c ((a_c − β)/β)² + ρ · Σ_c b_c² pulling vector scaling towards temperature scaling, per problem.
 
     In the temperature-scaled logits x = β z the map is (1 + v) ⊙ x + b with v = a/β − 1, and this is the ridge
     ρ (‖v‖₂² + ‖b‖₂²) of structured vector scaling (Berta et al., 2026): zero at the TS solution (a = β, b = 0),
     separable by class, with the constant 2×2 Hessian block 2ρ [[1/β², 0], [0, 1]].
 
     Attributes:
-        strength: ρ ≥ 0 (0: no pull), per squared parameter.
-        beta: β = 1/T of the temperature-scaling solution pulled towards (> 0).
+        strength: (P, 1) ρ ≥ 0 (0: no pull), per squared parameter.
+        beta: (P, 1) β = 1/T of the temperature-scaling solution pulled towards (> 0).
     """
 
-    strength: float
-    beta: float
+    strength: torch.Tensor
+    beta: torch.Tensor
 
-    def terms(self, scale: torch.Tensor, bias: torch.Tensor) -> Tuple[float, torch.Tensor, torch.Tensor]:
-        """(penalty, (2, C) gradient in (a, b), (3, C) Hessian blocks (aa, ab, bb))."""
+    def terms(self, scale: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """((P,) penalty, (2, P, C) gradient in (a, b), (3, P, C) Hessian blocks (aa, ab, bb)) at (P, C) scale, bias."""
         offset = scale / self.beta - 1
-        value = self.strength * float(offset.square().sum() + bias.square().sum())
+        value = self.strength.squeeze(1) * (offset.square().sum(1) + bias.square().sum(1))
         gradient = 2 * self.strength * torch.stack([offset / self.beta, bias])
         ones = torch.ones_like(scale)
         blocks = 2 * self.strength * torch.stack([ones / self.beta**2, torch.zeros_like(scale), ones])
         return value, gradient, blocks
 
 
-#: (scale, bias, objective, (2, C) gradient, (3, C) Hessian blocks) at one point
-State = Tuple[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor]
+#: (scale, bias, objective, gradient, Hessian blocks) of P problems at one point: (P, C), (P, C), (P,), (2, P, C),
+#: (3, P, C)
+State = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def fit_vector_scaling(
-    logits: torch.Tensor, labels: torch.Tensor, beta: float, max_iter: int, strength: float = 0.0,
-    start: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    logits: torch.Tensor, labels: torch.Tensor, beta: torch.Tensor, max_iter: int, strength: torch.Tensor,
+    start: Tuple[torch.Tensor, torch.Tensor], rows: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, Any]]:
-    """(scale a, bias b, summary) minimising the mean NLL of softmax(a ⊙ z + b) plus the
-    :class:`TowardsTemperature` penalty of ``strength`` towards β; from ``start`` (scale, bias), by default
-    a = β, b = 0 (the TS solution).
+    """(scale a, bias b, summary) of P problems on (N, C) ``logits`` and (N,) ``labels``, each minimising the mean NLL
+    of softmax(a ⊙ z + b) over its rows plus the :class:`TowardsTemperature` penalty of its ``strength`` (P,) towards
+    its ``beta`` (P,), from ``start`` ((P, C) scale, (P, C) bias); ``rows`` (P, N) 0/1 (None: one problem of every
+    row). The problems share each pass over the logits (:func:`vector_scaling_pass`), each with its own Newton steps
+    and line search.
 
-    Stops when half the Newton decrement (the predicted decrease) is below the logits'
-    precision times the objective, when the line search cannot decrease it, or after ``max_iter``
-    iterations (without the penalty, on separable data or data lacking some class, the optimum lies
-    at infinity). The summary: ``loss`` (NLL + penalty), ``iterations``, ``passes``, ``converged``
-    (False only when ``max_iter`` stopped the fit while its last predicted decrease, half the Newton
-    decrement, was above :data:`VISIBLE_DECREASE` nats) and ``classes_at_bound`` (scales ending at a
-    bound of :data:`SCALE_BOUNDS`).
+    A problem stops when half its Newton decrement (the predicted decrease) is below the logits' precision times its
+    objective, when its line search cannot decrease it, or after ``max_iter`` iterations (without the penalty, on
+    separable data or data lacking some class, the optimum lies at infinity). The summary: ``loss`` (P,) (NLL +
+    penalty), ``iterations`` (the most any problem took), ``passes``, and per problem ``converged`` (False only when
+    ``max_iter`` stopped it while its last predicted decrease, half the Newton decrement, was above
+    :data:`VISIBLE_DECREASE` nats) and ``classes_at_bound`` (scales ending at a bound of :data:`SCALE_BOUNDS`).
     """
-    classes = logits.shape[1]
-    count = torch.bincount(labels, minlength=classes).double() / len(labels)
-    true_sum = torch.zeros(classes, dtype=torch.float64, device=logits.device)
-    true_sum.index_add_(0, labels, logits.gather(1, labels[:, None]).squeeze(1).double())
-    true_sum /= len(labels)
-    penalty = TowardsTemperature(float(strength), float(beta))
+    problems, classes = len(beta), logits.shape[1]
+    member = torch.ones(1, len(labels), dtype=torch.float64, device=logits.device) if rows is None else rows.double()
+    counts = member.sum(dim=1, keepdim=True)
+    count = torch.zeros(problems, classes, dtype=torch.float64, device=logits.device).index_add_(1, labels, member) / counts
+    true_logits = logits.gather(1, labels[:, None]).squeeze(1).double()
+    true_sum = torch.zeros_like(count).index_add_(1, labels, member * true_logits) / counts
+    penalty = TowardsTemperature(strength.double().reshape(-1, 1), beta.double().reshape(-1, 1))
 
     def evaluate(scale: torch.Tensor, bias: torch.Tensor) -> State:
-        nll, sums = vector_scaling_pass(logits, labels, scale, bias)
+        nll, sums = vector_scaling_pass(logits, labels, scale, bias, rows)
         value, gradient, blocks = penalty.terms(scale, bias)
         return scale, bias, nll + value, torch.stack([sums[0] - true_sum, sums[1] - count]) + gradient, sums[2:] + blocks
 
-    if start is None:
-        start = (torch.full((classes,), beta, dtype=torch.float64, device=logits.device), torch.zeros(classes, dtype=torch.float64, device=logits.device))
     state = evaluate(start[0].double().clamp(*SCALE_BOUNDS), start[1].double())
-    passes, iteration, stopped, decrement = 1, 0, False, math.inf
-    threshold = max(1e-10, torch.finfo(logits.dtype).eps * abs(state[2]))
-    while iteration < max_iter and not stopped:
+    threshold = (torch.finfo(logits.dtype).eps * state[2].abs()).clamp_min(1e-10)
+    active = torch.ones(problems, dtype=torch.bool, device=logits.device)
+    decrement = torch.full((problems,), math.inf, dtype=torch.float64, device=logits.device)
+    passes, iterations = 1, torch.zeros(problems, dtype=torch.long, device=logits.device)
+    while bool(active.any()):
         step_scale, step_bias = _newton_direction(state[3], state[4], state[0])
-        decrement = -float((step_scale * state[3][0] + step_bias * state[3][1]).sum())
-        accepted, trials = (None, 0) if decrement / 2 <= threshold else _line_search(evaluate, state, step_scale, step_bias, decrement)
+        decrement = torch.where(active, -(step_scale * state[3][0] + step_bias * state[3][1]).sum(1), decrement)
+        active &= decrement / 2 > threshold  # the predicted decrease is below the logits' precision
+        if not bool(active.any()):
+            break
+        state, accepted, trials = _line_search(evaluate, state, step_scale, step_bias, decrement, active)
         passes += trials
-        stopped = accepted is None  # the predicted or achievable decrease is below the logits' precision
-        if accepted is not None:
-            state, iteration = accepted, iteration + 1
-    converged = stopped or decrement / 2 <= VISIBLE_DECREASE
-    at_bound = int(((state[0] <= SCALE_BOUNDS[0] * 1.0001) | (state[0] >= SCALE_BOUNDS[1] / 1.0001)).sum())
-    summary = {"loss": state[2], "iterations": iteration, "passes": passes, "converged": bool(converged), "classes_at_bound": at_bound}
+        iterations += accepted.long()
+        active &= accepted & (iterations < max_iter)  # a failed line search: no achievable decrease
+    converged = (decrement / 2 <= VISIBLE_DECREASE) | (iterations < max_iter)
+    at_bound = ((state[0] <= SCALE_BOUNDS[0] * 1.0001) | (state[0] >= SCALE_BOUNDS[1] / 1.0001)).sum(1)
+    summary = {"loss": state[2].tolist(), "iterations": int(iterations.max()), "passes": passes,
+               "converged": converged.tolist(), "classes_at_bound": at_bound.tolist()}
     return state[0], state[1], summary
 
 
 def _newton_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """−H_c⁻¹ g_c for each class's 2×2 block, shortened per class to stop at a scale bound; a class held at
-    a bound (its gradient pointing outwards) takes the 1-D Newton step in its bias only."""
+    """−H_c⁻¹ g_c for each class's 2×2 block (of each problem: (2, P, C) gradient, (3, P, C) blocks, (P, C) scale),
+    shortened per class to stop at a scale bound; a class held at a bound (its gradient pointing outwards) takes the
+    1-D Newton step in its bias only."""
     grad_scale, grad_bias = gradient[0], gradient[1]
     h_aa, h_ab, h_bb = blocks[0], blocks[1], blocks[2]
     ridge = 1e-12 * (h_aa + h_bb).clamp_min(1e-300)
@@ -166,14 +177,28 @@ def _newton_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch
 
 def _line_search(
     evaluate: Callable[[torch.Tensor, torch.Tensor], State], state: State, step_scale: torch.Tensor, step_bias: torch.Tensor,
-    decrement: float,
-) -> Tuple[Optional[State], int]:
-    """Armijo backtracking from the full step: (the accepted state or None on failure, passes made)."""
-    length = 1.0
+    decrement: torch.Tensor, active: torch.Tensor,
+) -> Tuple[State, torch.Tensor, int]:
+    """Armijo backtracking from the full step, for each ``active`` problem on its own: (the state with each problem's
+    accepted point, (P,) which were accepted, passes made). A problem that is not active keeps its point."""
+    length = torch.ones_like(decrement)
+    pending, accepted = active.clone(), torch.zeros_like(active)
     for trial in range(1, MAX_HALVINGS + 1):
-        new_scale = (state[0] + length * step_scale).clamp(*SCALE_BOUNDS)  # only rounding can leave the bounds
-        new_state = evaluate(new_scale, state[1] + length * step_bias)
-        if math.isfinite(new_state[2]) and new_state[2] <= state[2] - ARMIJO * length * decrement:
-            return new_state, trial
-        length /= 2
-    return None, MAX_HALVINGS
+        moved = torch.where(pending, length, torch.zeros_like(length))[:, None]
+        new_scale = (state[0] + moved * step_scale).clamp(*SCALE_BOUNDS)  # only rounding can leave the bounds
+        new_state = evaluate(new_scale, state[1] + moved * step_bias)
+        better = pending & torch.isfinite(new_state[2]) & (new_state[2] <= state[2] - ARMIJO * length * decrement)
+        accepted |= better
+        pending &= ~better
+        if not bool(pending.any()):  # the usual case: every problem not pending was evaluated where it stands
+            return new_state, accepted, trial
+        state = _merged(state, new_state, better)
+        length = torch.where(pending, length / 2, length)
+    return state, accepted, MAX_HALVINGS
+
+
+def _merged(state: State, new_state: State, take: torch.Tensor) -> State:
+    """``state`` with the problems of (P,) ``take`` from ``new_state``."""
+    scale, bias, value, gradient, blocks = (torch.where(take.view(shape), new, old) for new, old, shape in zip(
+        new_state, state, ((-1, 1), (-1, 1), (-1,), (1, -1, 1), (1, -1, 1))))
+    return scale, bias, value, gradient, blocks

@@ -14,7 +14,8 @@ import torch
 
 from .._warnings import relayed, warn_user
 from ..calibrators import Calibrator, RegularisedOptions, calibrator_class, lbfgs, memory
-from ..calibrators.linear import DEFAULT_L2, matrix_cost_bound
+from ..calibrators.linear import DEFAULT_L2
+from ..calibrators.linear_maps import matrix_cost_bound
 from ..calibrators.base import FitContext
 from ..calibrators.holdout import Fold
 from ..calibrators.requirements import (MORE_DATA_FIX, DataRequirements, absent_classes, absent_classes_phrase,
@@ -97,7 +98,7 @@ def announce_cost(method: str, logits: torch.Tensor, labels: torch.Tensor, folds
     """Before a :data:`TIMED` candidate starts: refuse it (:class:`~hf_calibrate.calibrators.memory.FitTooLargeError`,
     which leaves it out with the reason) when its fit cannot fit in memory, and say about how long its K + 1 fits will
     take when that is more than :data:`~hf_calibrate.calibrators.lbfgs.WARN_AFTER_SECONDS`, from one timed evaluation
-    of its objective (:func:`~hf_calibrate.calibrators.linear.matrix_cost_bound`)."""
+    of its objective (:func:`~hf_calibrate.calibrators.linear_maps.matrix_cost_bound`)."""
     rows, classes = logits.shape
     if method not in TIMED:
         return

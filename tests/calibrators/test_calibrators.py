@@ -247,7 +247,7 @@ def test_the_strength_is_selected_by_cross_fitted_nll(cls):
 def test_the_variables_lbfgs_moves_make_the_ridge_the_same_in_every_direction(classes):
     """Δ = S ⊙ U (``isotropic_scale``): the ridge of (U, b) is ρ_d (‖U‖² + ‖b‖²) whatever λ and N, and the objective is
     the one of Δ."""
-    from hf_calibrate.calibrators.linear import isotropic_scale, matrix_objective, ridge_strengths
+    from hf_calibrate.calibrators.linear_maps import isotropic_scale, matrix_objective, ridge_strengths
 
     generator = torch.Generator().manual_seed(classes)
     scaled, labels = torch.randn(50, classes, generator=generator, dtype=torch.float64), torch.arange(50) % classes
@@ -267,7 +267,7 @@ def test_a_fixed_strength_reaches_the_optimum_of_scipys_lbfgs(cls):
     """A fixed λ: our L-BFGS (float64 here) against scipy's L-BFGS-B run to a tight tolerance on the same objective."""
     from scipy.optimize import minimize
 
-    from hf_calibrate.calibrators.linear import matrix_objective, ridge_strengths
+    from hf_calibrate.calibrators.linear_maps import matrix_objective, ridge_strengths
 
     logits, labels = miscalibrated(n=600, classes=4, seed=3)
     calibrator, summary = fitted(cls, logits, labels, l2=0.5)
@@ -309,9 +309,9 @@ def test_the_pull_bounds_the_change_from_temperature_scaling(cls):
 
 def _interrupted_at(evaluation: int, monkeypatch):
     """Make matrix scaling's objective raise KeyboardInterrupt (as Ctrl-C) at its ``evaluation``-th call with gradients."""
-    from hf_calibrate.calibrators import linear
+    from hf_calibrate.calibrators import linear_maps
 
-    calls, make_objective = [0], linear.matrix_objective
+    calls, make_objective = [0], linear_maps.matrix_objective
 
     def interrupted(*arguments):
         objective = make_objective(*arguments)
@@ -324,7 +324,7 @@ def _interrupted_at(evaluation: int, monkeypatch):
 
         return counted
 
-    monkeypatch.setattr(linear, "matrix_objective", interrupted)
+    monkeypatch.setattr(linear_maps, "matrix_objective", interrupted)
 
 
 @pytest.mark.parametrize("l2", [None, 1.0])
@@ -349,9 +349,13 @@ def test_ctrl_c_keeps_the_best_state_only_where_allowed(l2, monkeypatch):
         assert F.cross_entropy(calibrator(logits), labels) <= F.cross_entropy(ts(logits), labels) + 1e-6
 
 
-def test_lbfgs_fits_show_progress_per_fit():
+@pytest.mark.parametrize("joint", [True, False])
+def test_lbfgs_fits_show_progress_per_fit(joint, monkeypatch):
+    """A bar per fit: on small data one per λ for the folds and all rows fitted jointly, with nothing refitted; above
+    ``LinearMap.fits_jointly``'s limit one per fold and λ, then the refit."""
     from tqdm.auto import tqdm
 
+    from hf_calibrate.calibrators import linear_maps
     from hf_calibrate.calibrators.base import FitContext
 
     bars = []
@@ -360,12 +364,17 @@ def test_lbfgs_fits_show_progress_per_fit():
         bars.append((total, description))
         return tqdm(total=total, desc=description, disable=True)
 
+    if not joint:
+        monkeypatch.setattr(linear_maps.LinearMap, "fits_jointly", lambda *arguments: False)
     logits, labels = miscalibrated(n=300, classes=4)
     options = DirichletCalibration.Options(l2=None, l2_grid=(0.1, 10.0), folds=2)
     summary = DirichletCalibration(4).fit_logits(logits, labels, options, FitContext(progress=progress))
+    refit = [(1250, "dirichlet fit")] if summary["l2"] is not None else []
+    if joint:
+        assert bars == [(1250, f"dirichlet: l2 = {strength}, 2 folds and all rows") for strength in ("10", "0.1")]
+        return
     expected = [(1250, f"dirichlet: l2 = {strength}, fold {fold} of 2") for strength in ("10", "0.1") for fold in (1, 2)]
-    assert bars[:4] == expected[: len(bars[:4])]
-    assert bars[-1] == (1250, "dirichlet fit") if summary["l2"] is not None else len(bars) == 4
+    assert bars == [*expected, *refit]
 
 
 def test_a_long_fit_is_announced_with_its_bound(monkeypatch):

@@ -74,7 +74,8 @@ def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(
     logits, labels = _logits(3000, 300, 2)
     scale = (0.4 + 0.2 * torch.rand(300, generator=torch.Generator().manual_seed(3))).double()
     bias = 0.3 * torch.randn(300, generator=torch.Generator().manual_seed(4)).double()
-    loss, sums = vector_scaling_pass(logits.to(dtype), labels, scale, bias)
+    loss, sums = vector_scaling_pass(logits.to(dtype), labels, scale[None], bias[None])
+    loss, sums = float(loss[0]), sums[:, 0]
 
     z = logits.double()
     a, b = scale.clone().requires_grad_(True), bias.clone().requires_grad_(True)
@@ -89,3 +90,44 @@ def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(
               for grad, wrt in ((grad_a, a), (grad_a, b), (grad_b, b))]
     expected = torch.tensor(blocks, dtype=torch.float64).reshape(3, 3).T  # rows: aa, ab, bb; columns: classes 0–2
     torch.testing.assert_close(sums[2:, :3], expected, rtol=10 * tolerance, atol=10 * tolerance)
+
+
+def test_the_vector_pass_of_stacked_problems_is_each_problems_pass_on_its_rows():
+    """P problems in one pass (``rows``: each problem's rows) give each problem's loss and sums on its rows alone."""
+    logits, labels = _logits(700, 12, 5)
+    generator = torch.Generator().manual_seed(6)
+    rows = torch.rand(3, 700, generator=generator) < torch.tensor([[1.0], [0.8], [0.5]])
+    scale = (0.3 + torch.rand(3, 12, generator=generator)).double()
+    bias = 0.2 * torch.randn(3, 12, generator=generator).double()
+    loss, sums = vector_scaling_pass(logits.double(), labels, scale, bias, rows)
+    for problem in range(3):
+        own = rows[problem]
+        alone, alone_sums = vector_scaling_pass(logits.double()[own], labels[own], scale[problem:problem + 1], bias[problem:problem + 1])
+        assert float(loss[problem]) == pytest.approx(float(alone[0]), rel=1e-12)
+        torch.testing.assert_close(sums[:, problem], alone_sums[:, 0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["vector", "matrix", "dirichlet"])
+def test_a_check_fitted_jointly_scores_and_fits_as_one_fitted_fold_by_fold(method, monkeypatch):
+    """On small data (``LinearMap.fits_jointly``) the folds' fits and the fit on all rows are one joint fit: its cross-fitted scores
+    and its fitted map are those of the folds fitted one by one and the choice refitted, to the optimisers' tolerance
+    (L-BFGS stops within ~1e-9 of each fold's objective either way; its flat directions move a held-out NLL by ~5e-6)."""
+    from hf_calibrate.calibrators import calibrator_class, linear_maps
+
+    logits, labels = _logits(400, 6, 7)
+    options = RegularisedOptions(l2_grid=(10.0, 1.0, 0.1))
+
+    def fit():
+        calibrator = calibrator_class(method)(6)
+        summary = calibrator.fit_logits(logits, labels, options)
+        return calibrator, summary
+
+    joint, joint_summary = fit()
+    monkeypatch.setattr(linear_maps.LinearMap, "fits_jointly", lambda *arguments: False)
+    alone, alone_summary = fit()
+    assert joint_summary["l2"] == alone_summary["l2"] is not None and len(joint_summary["l2_cv_nll"]) == 4
+    for key, score in alone_summary["l2_cv_nll"].items():
+        assert joint_summary["l2_cv_nll"][key] == pytest.approx(score, abs=2e-5)
+    assert isinstance(joint_summary["converged"], bool) and joint_summary["converged"]
+    with torch.no_grad():
+        torch.testing.assert_close(joint(logits).softmax(1), alone(logits).softmax(1), atol=2e-4, rtol=0)
