@@ -81,7 +81,9 @@ class RegularisedOptions:
         seed: with ``l2=None``, seed of the folds (default 0); ``CalibratedModel.fit(seed=...)`` sets it with the fit's.
         max_iter: iterations at most per fit (default 1000): Newton for vector scaling, L-BFGS for
             matrix and Dirichlet (on 450 rows of the digits ViT, L-BFGS ends 4e-4 nats above the
-            optimum after 200 iterations and reaches it after 600–700).
+            optimum after 200 iterations and reaches it after 600–700). A check's fits run jointly on small data
+            (:mod:`.linear_maps`) take as many each; for matrix and Dirichlet, a joint run that spends
+            ``min(max_iter, 70)`` iterations goes on one fit at a time, each with ``max_iter`` more.
     """
 
     l2: Optional[float] = ranged(None, L2)

@@ -128,11 +128,53 @@ def _matrix_at_temperature(beta: float, classes: int, dtype: torch.dtype, device
     return {"weight": torch.eye(classes, dtype=dtype, device=device) * beta, "bias": torch.zeros(classes, dtype=dtype, device=device)}
 
 
+#: iterations a joint L-BFGS run of stacked problems may take (at most ``max_iter``) before each problem is finished on
+#: its own rows from where the run left it: the problems share L-BFGS's 20-step history and line search, which on a
+#: weak ridge took up to 10× the iterations of the slowest problem alone (594 against 93 on 300 × 4 logits, λ = 1e-3)
+JOINT_LBFGS_ITERATIONS = 2 * lbfgs.TYPICAL_EVALUATIONS
+
+
 def _matrix_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_iter: int,
                 description: str) -> Tuple[List[Parameters], Dict[str, Any]]:
-    """L-BFGS (:func:`.lbfgs.minimise`) on Δ (through :func:`isotropic_scale`'s variables) and b of W = β (I + Δ) of
-    every problem at once, from its start's W and b (copied), on :func:`matrix_objective`: the (N, C) features ``x``
-    of a single problem on every row, or (P, C, N) temperature-scaled copies weighted by each problem's rows."""
+    """L-BFGS (:func:`.lbfgs.minimise`) on each problem's Δ (through :func:`isotropic_scale`'s variables) and b of
+    W = β (I + Δ), from its start's W and b, on :func:`matrix_objective`. Stacked problems (``problems.rows``) run as
+    one L-BFGS of at most :data:`JOINT_LBFGS_ITERATIONS` iterations; when it spends them, each problem is finished on
+    its own rows, from where it stands, with ``max_iter`` iterations of its own. A problem's ``iterations`` and
+    ``evaluations`` count the joint run's with its own."""
+    if problems.rows is None:
+        return _lbfgs_fit(x, labels, problems, max_iter, description)
+    budget = min(max_iter, JOINT_LBFGS_ITERATIONS)
+    fitted, joint = _lbfgs_fit(x, labels, problems, budget, description)
+    spent = joint["iterations"] >= budget or joint["evaluations"] >= lbfgs.max_evaluations(budget)
+    if joint["interrupted"] or not spent:
+        return fitted, {**joint, "loss": _objective_values(x, labels, problems, fitted)}
+    count = len(problems.betas)
+    alone = [_lbfgs_fit(x[rows], labels[rows], Problems([beta], [ridge], [start]), max_iter,
+                        f"{description}, problem {number + 1} of {count} alone")
+             for number, (rows, beta, ridge, start) in enumerate(zip(problems.rows, problems.betas, problems.ridges, fitted))]
+    summary = {key: [joint[key] + own[key] for _, own in alone] for key in ("iterations", "evaluations")}
+    summary.update(loss=[own["loss"] for _, own in alone], converged=[own["converged"][0] for _, own in alone],
+                   interrupted=any(own["interrupted"] for _, own in alone))
+    return [parameters[0] for parameters, _ in alone], summary
+
+
+def _objective_values(x: torch.Tensor, labels: torch.Tensor, problems: Problems, fitted: List[Parameters]) -> List[float]:
+    """Each stacked problem's :func:`matrix_objective` on its own rows at its ``fitted`` W and b."""
+    identity = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+    scale = isotropic_scale(x.shape[1], x.dtype, x.device)
+    values = []
+    with torch.no_grad():
+        for rows, beta, ridge, parameters in zip(problems.rows, problems.betas, problems.ridges, fitted):
+            free = (parameters["weight"] / beta - identity) / scale
+            values.append(float(matrix_objective(beta * x[rows], labels[rows], free, parameters["bias"], ridge, scale)()))
+    return values
+
+
+def _lbfgs_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_iter: int,
+               description: str) -> Tuple[List[Parameters], Dict[str, Any]]:
+    """One L-BFGS run over every problem at once, from each start's W and b (copied): on the (N, C) features ``x`` of
+    a single problem on every row, or on (P, C, N) temperature-scaled copies weighted by each problem's rows (the sum
+    of their objectives: its ``loss`` is not any one problem's, and is left out)."""
     identity = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
     scale = isotropic_scale(x.shape[1], x.dtype, x.device)
     betas = torch.tensor(problems.betas, dtype=x.dtype, device=x.device)[:, None, None]
@@ -150,7 +192,7 @@ def _matrix_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_i
     summary = lbfgs.minimise([free, bias], objective, max_iter, description)
     summary["converged"] = [summary["converged"]] * len(problems.betas)
     if problems.rows is not None:
-        summary.pop("loss")  # the sum of the problems' objectives
+        summary.pop("loss")
     offsets, biases = free.detach().reshape(-1, *identity.shape), bias.detach().reshape(-1, len(identity))
     return [{"weight": beta * (identity + offset * scale), "bias": b}
             for beta, offset, b in zip(problems.betas, offsets, biases)], summary
@@ -203,13 +245,13 @@ def matrix_cost_bound(x: torch.Tensor, labels: torch.Tensor, fits: int, max_iter
     return lbfgs.CostBound(seconds, fits, max_iter)
 
 
-#: P·N·C up to which vector scaling's problems are fitted jointly: a 5-fold check (P = 6) took 0.35–0.50 of the time
-#: of the fits one by one at 449 × 10, 0.63–0.72 up to 4,000 × 30, 0.87 at 5,000 × 100 (3·10⁶), 0.99 at 10,000 × 100
-#: and 1.13 at 20,000 × 50 (6·10⁶; benchmarks/results/joint_check.md)
+#: P·N·C up to which vector scaling's problems are fitted jointly: a 5-fold check (P = 6) took 0.39–0.49 of the time
+#: of the fits one by one at 449 × 10, 0.73–0.83 up to 4,000 × 30, 0.90 at 5,000 × 100 (3·10⁶), 1.00 at 10,000 × 100
+#: and 1.10 at 20,000 × 50 (6·10⁶; benchmarks/results/joint_check.md)
 VECTOR_JOINT_WORK = 1 << 22
-#: P·N·C² (an evaluation's multiply-adds) up to which a C×C map's problems are fitted jointly: 0.41–0.55 of the time at
-#: 449 × 10 and 2,000 × 20 (P·N·C² ≤ 4.8·10⁶); matrix 1.11–1.41 from 800 × 100 on (≥ 4.8·10⁷), where Dirichlet, which
-#: takes more evaluations, still gained (0.67–0.79) until 5,000 × 100 (1.73) (benchmarks/results/joint_check.md)
+#: P·N·C² (an evaluation's multiply-adds) up to which a C×C map's problems are fitted jointly: 0.47–0.62 of the time at
+#: 449 × 10 and 2,000 × 20 (P·N·C² ≤ 4.8·10⁶); matrix 1.10–1.33 from 800 × 100 on (≥ 4.8·10⁷), where Dirichlet, which
+#: takes more evaluations, still gained (0.68–0.78) until 5,000 × 100 (1.59) (benchmarks/results/joint_check.md)
 MATRIX_JOINT_WORK = 1 << 24
 
 VECTOR = LinearMap("vector", _identity, _vector_transform, _vector_at_temperature, _vector_fit, 1, VECTOR_JOINT_WORK)

@@ -355,7 +355,7 @@ def test_lbfgs_fits_show_progress_per_fit(joint, monkeypatch):
     ``LinearMap.fits_jointly``'s limit one per fold and λ, then the refit."""
     from tqdm.auto import tqdm
 
-    from hf_calibrate.calibrators import linear_maps
+    from hf_calibrate.calibrators import lbfgs, linear_maps
     from hf_calibrate.calibrators.base import FitContext
 
     bars = []
@@ -371,7 +371,8 @@ def test_lbfgs_fits_show_progress_per_fit(joint, monkeypatch):
     summary = DirichletCalibration(4).fit_logits(logits, labels, options, FitContext(progress=progress))
     refit = [(1250, "dirichlet fit")] if summary["l2"] is not None else []
     if joint:
-        assert bars == [(1250, f"dirichlet: l2 = {strength}, 2 folds and all rows") for strength in ("10", "0.1")]
+        joint_budget = lbfgs.max_evaluations(linear_maps.JOINT_LBFGS_ITERATIONS)
+        assert bars == [(joint_budget, f"dirichlet: l2 = {strength}, 2 folds and all rows") for strength in ("10", "0.1")]
         return
     expected = [(1250, f"dirichlet: l2 = {strength}, fold {fold} of 2") for strength in ("10", "0.1") for fold in (1, 2)]
     assert bars == [*expected, *refit]

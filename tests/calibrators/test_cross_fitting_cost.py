@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import holdout
 from hf_calibrate.calibrators.holdout import FoldLayout, cross_fitting_folds, default_folds
-from hf_calibrate.calibrators.linear import MatrixScaling, RegularisedOptions, fit_vector
+from hf_calibrate.calibrators.linear import MatrixScaling, RegularisedOptions, fit_matrix, fit_vector
 from hf_calibrate.calibrators.vector_newton import vector_scaling_pass
 
 
@@ -131,3 +131,25 @@ def test_a_check_fitted_jointly_scores_and_fits_as_one_fitted_fold_by_fold(metho
     assert isinstance(joint_summary["converged"], bool) and joint_summary["converged"]
     with torch.no_grad():
         torch.testing.assert_close(joint(logits).softmax(1), alone(logits).softmax(1), atol=2e-4, rtol=0)
+
+
+def test_a_joint_lbfgs_run_that_spends_its_budget_finishes_each_fit_alone():
+    """Stacked C×C problems share L-BFGS's history: a run that spends ``JOINT_LBFGS_ITERATIONS`` (here patched to 2)
+    goes on one problem at a time on its own rows, so each fit still gets ``max_iter`` iterations of its own and
+    reports its own loss and convergence."""
+    from unittest import mock
+
+    from hf_calibrate.calibrators import linear_maps
+
+    logits, labels = _logits(300, 4, 8)
+    options = RegularisedOptions(l2_grid=(0.01,))
+    with mock.patch.object(linear_maps, "JOINT_LBFGS_ITERATIONS", 2):
+        cut = fit_matrix(logits, labels, options)[1]
+    whole = fit_matrix(logits, labels, options)[1]
+    with mock.patch.object(linear_maps.LinearMap, "fits_jointly", lambda *arguments: False):
+        alone = fit_matrix(logits, labels, options)[1]
+    assert cut["iterations"] > 2 and cut["converged"] and isinstance(cut["loss"], float)
+    for summary in (cut, whole):
+        assert summary["l2"] == alone["l2"]
+        assert summary["loss"] == pytest.approx(alone["loss"], abs=1e-8)
+        assert summary["l2_cv_nll"]["0.01"] == pytest.approx(alone["l2_cv_nll"]["0.01"], abs=2e-5)
