@@ -48,7 +48,7 @@ from torch import nn
 from .._warnings import warn_user
 from . import lbfgs
 from .memory import Footprint, work_dtype
-from .base import Calibrator, Range, check_fields, fit_context, ranged, require
+from .base import Calibrator, Range, check_fields, check_fit_logits, fit_context, ranged, require
 from .requirements import DataRequirements
 from .holdout import Fold, FoldLayout, cross_fitting_folds, default_folds, distinct_rows, fit_groups, select_by_cross_fitting
 from .temperature import GUO_2017_CITATION, fit_inverse_temperature, near_bound, temperature_warnings
@@ -223,17 +223,24 @@ def _interrupted(method: str, what: str) -> str:
 
 def fit_vector(logits: torch.Tensor, labels: torch.Tensor, options: Optional[RegularisedOptions] = None) -> Tuple[Parameters, Dict[str, Any]]:
     """Vector scaling towards TS on (N, C) logits and (N,) labels: ({"scale", "bias"}, summary); see :func:`fit_towards_temperature`."""
-    return fit_towards_temperature(VECTOR, logits, labels, options or RegularisedOptions())
+    return fit_towards_temperature(VECTOR, logits, _checked_labels(logits, labels), options or RegularisedOptions())
 
 
 def fit_matrix(logits: torch.Tensor, labels: torch.Tensor, options: Optional[RegularisedOptions] = None) -> Tuple[Parameters, Dict[str, Any]]:
     """Matrix scaling towards TS: ({"weight", "bias"}, summary); see :func:`fit_towards_temperature`."""
-    return fit_towards_temperature(MATRIX, logits, labels, options or RegularisedOptions())
+    return fit_towards_temperature(MATRIX, logits, _checked_labels(logits, labels), options or RegularisedOptions())
 
 
 def fit_dirichlet(logits: torch.Tensor, labels: torch.Tensor, options: Optional[RegularisedOptions] = None) -> Tuple[Parameters, Dict[str, Any]]:
     """Dirichlet calibration towards TS, W log softmax(z) + b: ({"weight", "bias"}, summary); see :func:`fit_towards_temperature`."""
-    return fit_towards_temperature(DIRICHLET, logits, labels, options or RegularisedOptions())
+    return fit_towards_temperature(DIRICHLET, logits, _checked_labels(logits, labels), options or RegularisedOptions())
+
+
+def _checked_labels(logits: Any, labels: Any) -> torch.Tensor:
+    """The labels as (N,) int64, once (N, C) floating, finite ``logits`` and labels in 0 … C − 1 are checked
+    (:func:`.base.check_fit_logits`: a ValueError naming what is wrong, as ``Calibrator.fit_logits`` gives)."""
+    classes = logits.shape[1] if isinstance(logits, torch.Tensor) and logits.ndim == 2 else 0
+    return check_fit_logits(logits, labels, classes)
 
 
 # ----------------------------------------------------------------------------- the calibrators
@@ -261,7 +268,7 @@ class VectorScaling(Calibrator):
         return logits * self.log_scale.exp().to(logits.dtype) + self.bias.to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: RegularisedOptions) -> Dict[str, Any]:
-        parameters, summary = fit_vector(logits, labels, options)
+        parameters, summary = fit_towards_temperature(VECTOR, logits, labels, options)
         with torch.no_grad():
             self.log_scale.copy_(parameters["scale"].log())
             self.bias.copy_(parameters["bias"])

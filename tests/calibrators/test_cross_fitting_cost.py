@@ -153,3 +153,25 @@ def test_a_joint_lbfgs_run_that_spends_its_budget_finishes_each_fit_alone():
         assert summary["l2"] == alone["l2"]
         assert summary["loss"] == pytest.approx(alone["loss"], abs=1e-8)
         assert summary["l2_cv_nll"]["0.01"] == pytest.approx(alone["l2_cv_nll"]["0.01"], abs=2e-5)
+
+
+@pytest.mark.parametrize("fit", ["fit_vector", "fit_matrix", "fit_dirichlet"])
+def test_the_plain_fit_functions_take_labels_as_users_hold_them_and_refuse_bad_ones(fit):
+    """int32 labels, a list or a numpy array fit as int64 ones; NaN logits and labels out of range are a ValueError
+    naming the problem, as ``Calibrator.fit_logits`` gives (not torch's dtype error from inside the fit)."""
+    import numpy as np
+
+    from hf_calibrate import calibrators
+
+    logits, labels = _logits(120, 3, 9)
+    function = getattr(calibrators, fit)
+    expected = function(logits, labels, RegularisedOptions(l2=1.0))[0]
+    for held in (labels.int(), labels.tolist(), labels.numpy().astype(np.int16)):
+        for key, value in function(logits, held, RegularisedOptions(l2=1.0))[0].items():
+            torch.testing.assert_close(value, expected[key])
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        function(torch.where(torch.arange(120)[:, None] == 4, float("nan"), logits), labels)
+    with pytest.raises(ValueError, match=r"outside the valid range \[0, 2\] for 3 classes"):
+        function(logits, labels + 3)
+    with pytest.raises(ValueError, match=r"floating-point \(N, C\) tensor"):
+        function(logits[0], labels)
