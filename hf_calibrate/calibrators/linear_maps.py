@@ -160,14 +160,21 @@ def _matrix_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_i
 
 def _objective_values(x: torch.Tensor, labels: torch.Tensor, problems: Problems, fitted: List[Parameters]) -> List[float]:
     """Each stacked problem's :func:`matrix_objective` on its own rows at its ``fitted`` W and b."""
-    identity = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
     scale = isotropic_scale(x.shape[1], x.dtype, x.device)
     values = []
     with torch.no_grad():
         for rows, beta, ridge, parameters in zip(problems.rows, problems.betas, problems.ridges, fitted):
-            free = (parameters["weight"] / beta - identity) / scale
+            free = _free_variables(parameters["weight"], beta)
             values.append(float(matrix_objective(beta * x[rows], labels[rows], free, parameters["bias"], ridge, scale)()))
     return values
+
+
+def _free_variables(weight: torch.Tensor, beta: Any) -> torch.Tensor:
+    """U of W = β (I + S ⊙ U), S :func:`isotropic_scale`'s: of a (C, C) ``weight``, or of stacked (P, C, C) ones with
+    (P, 1, 1) ``beta``."""
+    classes = weight.shape[-1]
+    identity = torch.eye(classes, dtype=weight.dtype, device=weight.device)
+    return (weight / beta - identity) / isotropic_scale(classes, weight.dtype, weight.device)
 
 
 def _lbfgs_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_iter: int,
@@ -178,8 +185,7 @@ def _lbfgs_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_it
     identity = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
     scale = isotropic_scale(x.shape[1], x.dtype, x.device)
     betas = torch.tensor(problems.betas, dtype=x.dtype, device=x.device)[:, None, None]
-    weights = torch.stack([start["weight"].to(x.dtype) for start in problems.starts])
-    free = ((weights / betas - identity) / scale)
+    free = _free_variables(torch.stack([start["weight"].to(x.dtype) for start in problems.starts]), betas)
     bias = torch.stack([start["bias"].to(x.dtype) for start in problems.starts])
     if problems.rows is None:
         free, bias = free[0].clone().requires_grad_(True), bias[0].clone().requires_grad_(True)

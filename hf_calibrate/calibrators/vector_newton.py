@@ -121,7 +121,8 @@ def fit_vector_scaling(
     :data:`VISIBLE_DECREASE` nats) and ``classes_at_bound`` (scales ending at a bound of :data:`SCALE_BOUNDS`).
     """
     problems, classes = len(beta), logits.shape[1]
-    member = torch.ones(1, len(labels), dtype=torch.float64, device=logits.device) if rows is None else rows.double()
+    rows = torch.ones(1, len(labels), dtype=logits.dtype, device=logits.device) if rows is None else rows.to(logits.dtype)
+    member = rows.double()
     counts = member.sum(dim=1, keepdim=True)
     count = torch.zeros(problems, classes, dtype=torch.float64, device=logits.device).index_add_(1, labels, member) / counts
     true_logits = logits.gather(1, labels[:, None]).squeeze(1).double()
