@@ -8,6 +8,12 @@ each a folder ready to push as a Hugging Face metric Space (module, README card,
     from hf_calibrate import evaluate_module_path
 
     ece = evaluate.load(evaluate_module_path("ece"))
+
+Every docstring and card example loads its module this way: it runs for whoever installed the package, and under
+evaluate's own module test, whose patched ``evaluate.load`` loads an absolute path as it is. Each ``_compute``
+takes every option as an explicit keyword parameter (that test refuses ``**kwargs``). A folder pushed as a Space
+must be named after its module: ``evaluate.load("<namespace>/ece")`` fetches ``ece.py`` from the Space
+``<namespace>/ece``.
 """
 
 from __future__ import annotations

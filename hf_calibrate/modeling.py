@@ -194,9 +194,9 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 Neural Clamping, which reads its data every epoch and refuses it, naming a callable or a re-iterable
                 instead. In one process every form gives the calibrator of the same samples as a map-style dataset.
                 For the head methods this is the data the new head is trained on (the papers use the training split).
-            method: ``"neural_clamping"`` (default), ``"temperature"``, ``"vector"``, ``"structured_vector"``, ``"matrix"``,
+            method: ``"neural_clamping"`` (default, the recommended method: see the README, "Which method?"), ``"temperature"``, ``"vector"``, ``"structured_vector"``, ``"matrix"``,
                 ``"dirichlet"``, ``"structured_matrix"``, ``"histogram"``, ``"isotonic"``, the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``,
-                or ``"auto"``: the method cross-fitted held-out NLL shows best among the logit methods, Neural
+                or ``"auto"``, the fast choice: the method cross-fitted held-out NLL shows best among the logit methods, Neural
                 Clamping when its estimated time fits ``budget`` (seconds), and the head methods named in
                 ``candidates`` (temperature scaling unless another beats it beyond a paired 95 % interval; the
                 model is of the chosen method, and ``fit_summary["auto"]`` says why; options ``candidates``,

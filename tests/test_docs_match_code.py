@@ -214,3 +214,23 @@ def test_fit_and_the_readme_name_every_method():
     assert len(methods) >= 12, methods
     assert [name for name in methods if f'``"{name}"``' not in CalibratedModel.fit.__doc__] == []
     assert [name for name in methods if f"`{name}`" not in table] == []
+
+
+def test_the_readme_the_cli_and_fit_recommend_one_method():
+    """One recommendation: the method the README's "Which method?" names is ``fit``'s default and the CLI's, and
+    the fast alternative it names is what ``fit``'s docstring and the CLI's help call the fast choice."""
+    import inspect
+
+    from hf_calibrate.cli.parser import build_parser
+
+    readme = README.read_text(encoding="utf-8")
+    recommended = re.search(r"\*\*Which method\? The default, [^(]*\(`(\w+)`\)\.\*\*", readme)
+    assert recommended, "the README's 'Which method?' paragraph names no method"
+    fit_default = inspect.signature(CalibratedModel.fit).parameters["method"].default
+    cli = build_parser().parse_args(["fit", "--model", "m", "--dataset", "d", "--output", "o"])
+    assert recommended.group(1) == fit_default == cli.method
+    assert f'``"{fit_default}"`` (default, the recommended method' in CalibratedModel.fit.__doc__
+    fast = re.search(r'`method="(\w+)"` is the fast choice', readme)
+    assert fast and f'``"{fast.group(1)}"``, the fast choice' in CalibratedModel.fit.__doc__
+    commands = next(action for action in build_parser()._actions if action.choices and "fit" in action.choices)
+    assert f"'{fast.group(1)}' is the fast choice" in " ".join(commands.choices["fit"].format_help().split())

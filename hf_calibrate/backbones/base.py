@@ -120,6 +120,12 @@ class Backbone(ABC):
         dimensions only when the source fixes no channel count (an image processor's (H, W))."""
         return []
 
+    def test_time_preprocessing(self) -> Dict[str, Any]:
+        """Test-time preprocessing settings the model's config recommends besides its default ones, keyed by the
+        setting each would replace (timm: ``test_input_size`` as ``input_size``, ``test_crop_pct`` as ``crop_pct``);
+        empty when it recommends none."""
+        return {}
+
     def preprocessing(self, preprocessor: Any = None, *, max_length: Optional[int] = None,
                       input_size: Optional[Tuple[int, ...]] = None) -> Dict[str, Any]:
         """Preprocessing facts of the model's inputs (mean, std, input size, max_length, ...), when known.

@@ -7,7 +7,10 @@ fitting (:func:`describe_inputs`), recorded in ``calibration_config.json`` as
 ``pretrained_cfg["input_size"]`` (:func:`timm_export_config`), the image processor's size or
 the tokenizer's ``model_max_length`` (:func:`contract_preprocessor`) — so that pipelines and
 ``from_pretrained`` users preprocess to it. :func:`evaluation_options` makes it the default of
-an evaluation and warns about an explicit setting that differs.
+an evaluation and warns about an explicit setting that differs. A timm config's test-time settings
+(``test_input_size``, ``test_crop_pct``) are not used, as by ``timm.data.resolve_data_config``'s default: a fit
+that preprocessed raw images with the config says so (:func:`unused_test_time_settings`), and the saved timm
+config drops them (:func:`timm_export_config`).
 
 ``input_contract`` (JSON):
     space (str): where δ lives: ``"pixel_values"``, ``"inputs_embeds"`` or ``"input"``.
@@ -26,6 +29,7 @@ import math
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .._warnings import warn_user
 from .base import Backbone, Inputs, format_size
 
 #: side of the blank square image used to read off what size an image processor produces
@@ -33,6 +37,12 @@ PROBE_IMAGE_SIDE = 64
 #: tokenizers without a length limit report a huge model_max_length (transformers uses 1e30)
 UNBOUNDED_LENGTH = 10**12
 TIMM_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+#: timm's test-time settings (``pretrained_cfg`` keys), by the setting each replaces under ``use_test_size=True``
+TIMM_TEST_TIME_KEYS = {"input_size": "test_input_size", "crop_pct": "test_crop_pct"}
+#: the crop timm applies where a config gives no crop_pct (timm.data.DEFAULT_CROP_PCT, not imported: timm is optional)
+TIMM_DEFAULT_CROP_PCT = 0.875
+#: the ``source`` of the preprocessing facts when the library preprocessed raw images with the model's own config
+MODEL_CONFIG_SOURCE = "the model's config"
 IMAGE_PROCESSOR_KEYS = (
     "do_resize", "size", "resample", "do_center_crop", "crop_size", "crop_pct", "do_rescale", "rescale_factor",
     "do_normalize", "image_mean", "image_std",
@@ -64,6 +74,12 @@ def _jsonable(value: Any) -> Any:
 def timm_facts(config: Mapping[str, Any]) -> Dict[str, Any]:
     """The preprocessing keys of a timm ``pretrained_cfg`` or data config, JSON-able."""
     return {key: _jsonable(config[key]) for key in TIMM_KEYS if key in config}
+
+
+def timm_test_time_facts(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The test-time settings a timm ``pretrained_cfg`` recommends, keyed by the setting each replaces
+    (``{"input_size": [3, 224, 224], "crop_pct": 0.95}``), JSON-able."""
+    return {key: _jsonable(config[test_key]) for key, test_key in TIMM_TEST_TIME_KEYS.items() if config.get(test_key) is not None}
 
 
 def image_processor_facts(processor: Any) -> Dict[str, Any]:
@@ -102,7 +118,7 @@ def image_preprocessing(
     elif callable(preprocessor):
         facts = {**model_facts, "source": f"{type(preprocessor).__name__} (a callable; other facts: the model's config)"}
     else:  # raw images are preprocessed with these; tensors given by the user were used as they are
-        facts = {**model_facts, "source": "the model's config"}
+        facts = {**model_facts, "source": MODEL_CONFIG_SOURCE}
     if input_size is not None:
         facts["input_size"] = list(input_size)
     return facts
@@ -219,7 +235,9 @@ def _given_inputs_facts(backbone: Backbone, size: Optional[Tuple[int, ...]]) -> 
 
 
 def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], preprocessor: Any = None) -> None:
-    """Warn, naming both sizes, for each input size the model or ``preprocessor`` declares that the data do not have."""
+    """Warn, naming both sizes, for each input size the model or ``preprocessor`` declares that the data do not have;
+    and once, naming each, for the test-time settings of the model's config the calibration did not use."""
+    _warn_if_test_time_unused(backbone, contract)
     size = contract.get("input_size")
     if size is None:
         return
@@ -233,6 +251,56 @@ def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], prepro
             f"users get {format_size(size)} inputs; preprocess your own inputs to {format_size(size)} too.",
             stacklevel=5,  # the caller of CalibratedModel.fit (via input_contract and fitting.calibrate.fit_calibration)
         )
+
+
+def unused_test_time_settings(backbone: Backbone, contract: Mapping[str, Any]) -> Dict[str, Tuple[Any, Any]]:
+    """``{setting: (recommended test-time value, value used)}`` for each test-time setting of the model's config
+    (:meth:`~hf_calibrate.backbones.base.Backbone.test_time_preprocessing`) other than the one the library preprocessed
+    the calibration's raw images with (which, like ``timm.data.resolve_data_config``'s default and transformers' image
+    pipelines, is the model's ``input_size`` and ``crop_pct``); empty when the library did not preprocess them with the
+    model's config (inputs the user preprocessed, an image processor or callable given)."""
+    facts = contract.get("preprocessing") or {}
+    if facts.get("source") != MODEL_CONFIG_SOURCE:
+        return {}
+    # timm crops at its DEFAULT_CROP_PCT where the config gives no crop_pct (timm.data.create_transform)
+    crop = facts.get("crop_pct") if facts.get("crop_pct") is not None else TIMM_DEFAULT_CROP_PCT
+    used = {"input_size": contract.get("input_size"), "crop_pct": crop}
+    unused = {}
+    for key, recommended in backbone.test_time_preprocessing().items():
+        same = (recommended[-2:] == list(used[key] or [])[-2:]) if key == "input_size" else recommended == used[key]
+        if not same:
+            unused[key] = (recommended, used[key])
+    return unused
+
+
+def _settings_text(settings: Mapping[str, Any], *, test_keys: bool = False) -> str:
+    """``{"input_size": [3, 32, 32], "crop_pct": 1.0}`` → ``"input_size=3×32×32 and crop_pct=1.0"`` (``test_keys``:
+    named by their test-time keys)."""
+    named = {TIMM_TEST_TIME_KEYS[key] if test_keys else key: value for key, value in settings.items()}
+    return " and ".join(f"{key}={format_size(value) if isinstance(value, list) else value}" for key, value in named.items())
+
+
+def _data_config_text(settings: Mapping[str, Any]) -> str:
+    """``{"input_size": [3, 32, 32], "crop_pct": 1.0}`` → ``"dict(input_size=(3, 32, 32), crop_pct=1.0)"``."""
+    return "dict(" + ", ".join(f"{key}={tuple(value) if isinstance(value, list) else value}" for key, value in settings.items()) + ")"
+
+
+def _warn_if_test_time_unused(backbone: Backbone, contract: Mapping[str, Any]) -> None:
+    unused = unused_test_time_settings(backbone, contract)
+    if not unused:
+        return
+    recommended = {key: pair[0] for key, pair in unused.items()}
+    used = {key: pair[1] for key, pair in unused.items()}
+    warn_user(
+        f"the model's pretrained_cfg recommends {_settings_text(recommended, test_keys=True)} for evaluation, which "
+        "hf_calibrate does not use: like timm.data.resolve_data_config(model=model) and transformers' image pipelines, it "
+        f"preprocessed the calibration images with {_settings_text(used)}. The calibration holds for those only; they "
+        "are recorded (input_contract), and a saved calibration's timm config keeps them and drops the test_ settings. To "
+        f"calibrate at the test-time settings, save the model with timm.models.save_for_hf(model, folder, "
+        f"data_config={_data_config_text(recommended)}) (or set them as input_size and crop_pct in its pretrained_cfg); "
+        f"to keep these settings and silence this, save it with data_config={_data_config_text(used)}, which drops "
+        "the test_ settings."
+    )
 
 
 def fallback_contract(backbone: Backbone, delta_shape: Optional[Sequence[int]]) -> Dict[str, Any]:
@@ -266,9 +334,17 @@ def contract_preprocessor(preprocessor: Any, contract: Optional[Mapping[str, Any
 
 
 def timm_export_config(contract: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
-    """``data_config`` for ``timm.models.save_for_hf``: the calibrated input size (None: keep the model's)."""
-    size = (contract or {}).get("input_size")
-    return {"input_size": tuple(int(v) for v in size)} if size is not None and len(size) == 3 else None
+    """``data_config`` for ``timm.models.save_for_hf``: the calibrated input size and crop (None: keep the model's).
+
+    Given these, ``save_for_hf`` drops the config's ``test_input_size`` and ``test_crop_pct``: the saved config
+    describes one preprocessing, the calibrated one, even to ``resolve_data_config(use_test_size=True)``.
+    """
+    contract = contract or {}
+    size = contract.get("input_size")
+    if size is None or len(size) != 3:
+        return None
+    crop_pct = (contract.get("preprocessing") or {}).get("crop_pct")
+    return {"input_size": tuple(int(v) for v in size), **({"crop_pct": float(crop_pct)} if crop_pct is not None else {})}
 
 
 def evaluation_options(contract: Optional[Mapping[str, Any]], options: Mapping[str, Any], default_preprocessor: Any) -> Dict[str, Any]:

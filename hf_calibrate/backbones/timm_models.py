@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .base import Backbone, Inputs
-from .preprocessing import image_preprocessing, processor_sizes, timm_facts
+from .preprocessing import image_preprocessing, processor_sizes, timm_facts, timm_test_time_facts
 
 
 def is_timm_model(model: nn.Module) -> bool:
@@ -19,7 +19,8 @@ class TimmBackbone(Backbone):
     """Any ``timm.create_model(...)`` classifier; ``pretrained_cfg`` supplies preprocessing facts.
 
     ``pretrained_cfg["input_size"]`` is the size the model declares; a calibration takes the
-    size of its data (a CNN runs at any size), and the saved model's ``pretrained_cfg`` records it.
+    size of its data (a CNN runs at any size), and the saved model's ``pretrained_cfg`` records it. Its
+    test-time ``test_input_size`` / ``test_crop_pct`` are not used (:func:`.preprocessing.unused_test_time_settings`).
     """
 
     library = "timm"
@@ -43,6 +44,9 @@ class TimmBackbone(Backbone):
 
     def declared_input_sizes(self, preprocessor: Any = None) -> List[Tuple[str, Tuple[int, ...]]]:
         return [("its pretrained_cfg['input_size']", self.default_delta_shape()), *processor_sizes(preprocessor)]
+
+    def test_time_preprocessing(self) -> Dict[str, Any]:
+        return timm_test_time_facts(self.model.pretrained_cfg)
 
     def declared_classifier(self) -> Optional[str]:
         name = self.model.pretrained_cfg.get("classifier")

@@ -40,7 +40,6 @@ _MOVED = {
     "DemoConfig": "hf_calibrate.demo.command",
     "DemoSpec": "hf_calibrate.demo.command",
     "DEMO_MODELS": "hf_calibrate.demo.command",
-    "DEMO_METHODS": "hf_calibrate.demo.command",
     "run_demo": "hf_calibrate.demo.command",
     "demo_folder": "hf_calibrate.demo.command",
 }

@@ -176,6 +176,8 @@ def _merged(flags: Dict[str, Any], own: Dict[str, Any], method: str) -> Dict[str
 
 def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     """``hf-calibrate compare``: fit each method, rank them on the held-out split, write the table and diagrams."""
+    from time import perf_counter
+
     from ..results import comparison
     from ..backbones import adapt
     from ..fitting.calibrate import reads_selection_data
@@ -191,30 +193,47 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     data = load_data(args, adapt(loaded.model), state, args.label_column, lambda available: fit_splits(args, available))
     _check_compare_splits(args, data)
     options = {"preprocessor": loaded.preprocessor, **flag_options(args)}
-    models = {}
+    models, fit_seconds = {}, {}
     with fit_warnings_reported_here():
         for method in args.methods:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
             validation = data.splits.get("validation") if reads_selection_data(method)[0] else None
             if "validation" in data.splits and validation is None:
                 console.note(f"{method} does not read --validation-split: it fits on the calibration split alone")
+            started = perf_counter()  # the fit's wall time, its pass of the base model over the data included
             model = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
                                         validation_data=validation, **_merged(options, own_options[method], method))
-            models[method if model.method == method else f"{method} ({model.method})"] = model  # auto (its choice)
+            name = method if model.method == method else f"{method} ({model.method})"  # auto (its choice)
+            models[name], fit_seconds[name] = model, perf_counter() - started
             fallback = model.fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
             for line in fit_warning_lines(model):
                 console.warn(line)
     result = comparison.compare(models, data.splits["evaluation"], metric=args.metric, n_bins=args.n_bins,
                                 bootstrap=args.bootstrap, dataset_name=source_display_name(args.dataset),
-                                split=data.names["evaluation"], **engine_options(options))
+                                split=data.names["evaluation"], fit_seconds=fit_seconds, **engine_options(options))
     for row in result["rows"]:
         if row["made_worse"]:
             worse = " and ".join(METRIC_NAMES[key] for key in row["made_worse"])
             console.warn(f"{row['name']} made the {worse} on {data.names['evaluation']!r} worse than the uncalibrated model's "
                          "(paired 95 % interval above 0): it leaves the model worse calibrated than no calibration here.")
-    table = comparison.markdown_table(result)
+    from ..results.html_report import REPORT_FILE, missing_dependency
+
+    table = comparison.markdown_table(result, report=None if missing_dependency() else REPORT_FILE)
     console.result(table)
     if state.is_main_process:
         comparison.write(result, table, args.output)
         console.note(f"wrote comparison.md, comparison.json and comparison.png to {args.output}")
+        _write_report(result, args.output, adapt(loaded.model), console)
+
+
+def _write_report(result: Dict[str, Any], folder: Any, model: Any, console: Console) -> None:
+    """comparison.html, the report to explore (classes named as the ``model`` adapter names them); without plotly, a
+    warning naming the extra to install instead (compare's other files are written all the same)."""
+    from ..backbones.base import model_label_names
+    from ..results.html_report import REPORT_FILE, write_comparison_report
+
+    missing = write_comparison_report(result, folder, class_names=model_label_names(model))
+    console.warn(missing)
+    if missing is None:
+        console.note(f"wrote {REPORT_FILE}, the report to explore in a browser (it works offline), to {folder}")

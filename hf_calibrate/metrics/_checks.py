@@ -8,6 +8,7 @@ fitting engine, so a NaN gets the same kind of error wherever it is found.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Iterator, List, Sequence, Tuple
 
@@ -249,3 +250,13 @@ class EvaluateInputChecks:
         if reference is not None:
             check_references([reference])
         return super().add(prediction=prediction, reference=reference, **kwargs)  # type: ignore[misc]
+
+    def compute(self, *, predictions: Any = None, references: Any = None, **options: Any) -> Any:
+        """Compute the metric over the batches added (and these); an unknown option is a ValueError listing the module's
+        options, raised before ``evaluate`` consumes the batches, so a corrected call still has them."""
+        known = [name for name in inspect.signature(self._compute).parameters if name not in ("predictions", "references")]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{type(self).__name__.lower()}: unknown option(s) {', '.join(map(repr, unknown))}; the options "
+                             f"are {', '.join(known)}. Check the spelling (the batches added so far are kept).")
+        return super().compute(predictions=predictions, references=references, **options)  # type: ignore[misc]

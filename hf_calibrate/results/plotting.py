@@ -35,6 +35,9 @@ UNDERCONFIDENT_LABEL = "under-confident: accuracy above confidence"
 Bins = Union[ReliabilityBins, Mapping[str, Any]]
 PANEL_SIZE = (4.2, 5.4)  # inches per diagram (width, height)
 DPI = 150
+#: most diagrams side by side in one row of :func:`compare_reliability_diagrams`; more wrap onto further rows, so that
+#: a figure of many stays a size whose text is readable where it is shown
+MAX_COLUMNS = 4
 #: where a title's line may break: at the space after ", ", "; ", ": " or ")", or before "(": between the phrases
 #: results are worded in ("digits, validation split, 450 samples (in-sample: ...)"), never inside one
 PHRASE_BREAK = re.compile(r"(?<=[,;:)]) (?=\S)|(?<=\S) (?=\()")
@@ -109,8 +112,9 @@ def _check_bins(bins: Any, name: str = "bins") -> ReliabilityBins:
     return bins
 
 
-def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str | None) -> None:
-    """Draw ``bins`` into ``ax`` (accuracy per bin) and ``count_ax`` (samples per bin)."""
+def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str | None, caption: str | None = None) -> None:
+    """Draw ``bins`` into ``ax`` (accuracy per bin) and ``count_ax`` (samples per bin); the title's last line is
+    ``caption``, by default the ECE."""
     filled = bins.counts > 0
     left = bins.edges[:-1][filled]
     width = np.diff(bins.edges)[filled]
@@ -131,8 +135,9 @@ def _draw(bins: ReliabilityBins, ax: "Axes", count_ax: "Axes | None", title: str
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", xticks=np.linspace(0, 1, 6), yticks=np.linspace(0, 1, 6))
     ax.grid(True, linewidth=0.4, alpha=0.5)
     ax.set_axisbelow(True)
-    ece = f"ECE = {bins.ece:.4f}"  # a fraction to 4 decimals, as every table shows it
-    _wrap_between_phrases(ax.set_title(f"{title}\n{ece}" if title else ece), TITLE_WIDTH * ax.bbox.width)
+    if caption is None:
+        caption = f"ECE = {bins.ece:.4f}"  # a fraction to 4 decimals, as every table shows it
+    _wrap_between_phrases(ax.set_title(f"{title}\n{caption}" if title else caption), TITLE_WIDTH * ax.bbox.width)
     if count_ax is None:
         ax.set_xlabel("confidence")
         return
@@ -150,17 +155,32 @@ def _figure_legend(figure: "Figure", axes: list["Axes"], columns: int) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    figure.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=columns, fontsize="small",
+    figure.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=columns, fontsize="medium",
                   frameon=False)
 
 
-def _panel_axes(figure: "Figure", columns: int) -> list[Tuple["Axes", "Axes"]]:
-    """``columns`` (reliability, count) pairs of axes, the count panel a quarter as tall, below."""
-    grid = figure.add_gridspec(2, columns, height_ratios=[4, 1])
-    pairs = []
-    for column in range(columns):
-        ax = figure.add_subplot(grid[0, column])
-        count_ax = figure.add_subplot(grid[1, column], sharex=ax, sharey=pairs[0][1] if pairs else None)
+def grid_shape(panels: int, max_columns: int = MAX_COLUMNS) -> Tuple[int, int]:
+    """(rows, columns) of ``panels`` diagrams: as few rows as ``max_columns`` allows, the panels spread evenly over
+    them (5 in rows of 3 and 2, not of 4 and 1); ``panels`` ≥ 1.
+
+    Example:
+        >>> [grid_shape(n) for n in (1, 3, 4, 5, 7, 9)]
+        [(1, 1), (1, 3), (1, 4), (2, 3), (2, 4), (3, 3)]
+    """
+    rows = -(-panels // max_columns)
+    return rows, -(-panels // rows)
+
+
+def _panel_axes(figure: "Figure", panels: int, columns: int = 1) -> list[Tuple["Axes", "Axes"]]:
+    """``panels`` (reliability, count) pairs of axes, row by row in rows of ``columns``, each count panel a quarter as
+    tall as its reliability panel, below it; the count panels share their y axis."""
+    rows = -(-panels // columns)
+    grid = figure.add_gridspec(2 * rows, columns, height_ratios=[4, 1] * rows)
+    pairs: list[Tuple["Axes", "Axes"]] = []
+    for index in range(panels):
+        row, column = divmod(index, columns)
+        ax = figure.add_subplot(grid[2 * row, column])
+        count_ax = figure.add_subplot(grid[2 * row + 1, column], sharex=ax, sharey=pairs[0][1] if pairs else None)
         pairs.append((ax, count_ax))
     return pairs
 
@@ -175,6 +195,19 @@ def png_bytes(figure: "Figure") -> bytes:
 def _save_atomically(figure: "Figure", path: str | os.PathLike) -> None:
     """Write ``figure`` as a PNG to ``path`` via a temporary file in the same folder and a rename."""
     write_atomically(path, lambda stream: stream.write(png_bytes(figure)))
+
+
+def _check_captions(captions: Any, diagrams: Mapping[str, Any]) -> Mapping[str, str]:
+    """``captions`` checked: a mapping of panel titles of ``diagrams`` to strings (empty for None)."""
+    if captions is None:
+        return {}
+    if not isinstance(captions, Mapping) or not all(isinstance(text, str) for text in captions.values()):
+        raise ValueError("captions must be a mapping of panel title -> str, e.g. {'temperature': 'NLL 0.3120'}.")
+    unknown = [name for name in captions if name not in diagrams]
+    if unknown:
+        raise ValueError(f"captions name panels that diagrams do not hold: {unknown}; use the titles of diagrams "
+                         f"({list(diagrams)}).")
+    return captions
 
 
 def _diagram_bins(bins: Bins | None, probs: Any, labels: Any, *, n_bins: int, from_logits: bool) -> ReliabilityBins:
@@ -252,17 +285,20 @@ def compare_reliability_diagrams(
     *,
     title: str | None = None,
     path: str | os.PathLike | None = None,
+    captions: Mapping[str, str] | None = None,
 ) -> "Figure":
     """Draw several reliability diagrams side by side, one per entry, in one figure.
 
     Args:
-        diagrams: panel title -> bins (or their ``to_dict()`` form), drawn left to right in order, e.g.
-            ``{"uncalibrated": bins_a, "temperature scaling": bins_b}``.
+        diagrams: panel title -> bins (or their ``to_dict()`` form), drawn in order left to right, in rows of at most
+            :data:`MAX_COLUMNS` (:func:`grid_shape`), e.g. ``{"uncalibrated": bins_a, "temperature scaling": bins_b}``.
         title: overall title above the panels.
         path: also write the figure as a PNG there (atomically).
+        captions: panel title -> the line under it in place of the panel's ECE (e.g. the metric the panels are
+            ranked by, with its interval); a panel it does not name keeps its ECE.
 
     Returns:
-        A new Figure with one (reliability, count) column per entry; count axes share y.
+        A new Figure with one (reliability, count) pair of axes per entry, :data:`PANEL_SIZE` each; count axes share y.
 
     Example:
         >>> import torch
@@ -279,11 +315,13 @@ def compare_reliability_diagrams(
     if not isinstance(diagrams, Mapping) or not diagrams:
         raise ValueError("diagrams must be a non-empty mapping of panel title -> ReliabilityBins.")
     checked = {name: _check_bins(bins, f"diagrams[{name!r}]") for name, bins in diagrams.items()}
-    figure = _new_figure((PANEL_SIZE[0] * len(checked), PANEL_SIZE[1]))
-    panels = _panel_axes(figure, len(checked))
+    captions = _check_captions(captions, checked)
+    rows, columns = grid_shape(len(checked))
+    figure = _new_figure((PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows))
+    panels = _panel_axes(figure, len(checked), columns)
     for (name, bins), (ax, count_ax) in zip(checked.items(), panels):
-        _draw(bins, ax, count_ax, name)
-    _figure_legend(figure, [ax for ax, _ in panels], columns=2)
+        _draw(bins, ax, count_ax, name, captions.get(name))
+    _figure_legend(figure, [ax for ax, _ in panels], columns=2 if columns < 3 else 4)
     if title:
         _wrap_between_phrases(figure.suptitle(title), TITLE_WIDTH * figure.bbox.width)
     if path is not None:

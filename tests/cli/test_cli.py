@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -493,9 +494,16 @@ def test_compare_ranks_methods_on_the_held_out_split_and_writes_table_json_and_d
     for row in result["rows"]:
         assert set(row["versus_uncalibrated"]) == (set() if row["name"] == "uncalibrated" else {"nll", "brier"})
         worse = [key for key, interval in row["versus_uncalibrated"].items() if interval["low"] > 0]
-        assert row["made_worse"] == worse
+        better = [key for key, interval in row["versus_uncalibrated"].items() if interval["high"] < 0]
+        assert row["made_worse"] == worse and row["improved"] == better
+        assert row["verdict"] == (None if row["name"] == "uncalibrated" else "made worse" if worse else "improved" if better
+                                  else "no detectable difference")
+        assert (row["fit_seconds"] is None) == (row["name"] == "uncalibrated") and (row["fit_seconds"] or 0) >= 0
     table = (output / "comparison.md").read_text(encoding="utf-8")
     assert "Ranked by NLL on" in table and "test split" in table and "vs uncalibrated" in table
+    assert "| fit time |" in table and re.search(r"\| uncalibrated \|.* \| – \|\n", table)
+    assert all(re.search(rf"\| {re.escape(row['name'])} \|.* \| [0-9.]+ (ms|s|min [0-9]+ s) \|\n", table)
+               for row in result["rows"] if row["name"] != "uncalibrated")
     assert (output / "comparison.png").read_bytes().startswith(b"\x89PNG")
     err = capsys.readouterr().err
     assert all(f"warning: {row['name']} made the" in err for row in result["rows"] if row["made_worse"])

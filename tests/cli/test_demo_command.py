@@ -13,12 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from hf_calibrate.cli import DEMO_METRICS
-from hf_calibrate.demo.command import DEMO_METHODS, demo_folder
+from hf_calibrate.demo.command import DEMO_MODELS, NC_LEFT_OUT, demo_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MODELS = ("bbc-minilm-l6", "digits-timm-resnet10t")
+#: each demo model's name and its methods
+MODELS = {spec.name: spec.methods for spec in DEMO_MODELS.values()}
 _SIGNED = r"[+-]\d\.\d(?:\d{3}|e-\d\d)"  # +0.0123, or -3.2e-05 for an end too close to 0 for 4 decimals
-FELL_BACK = r"(?P<fell_back> \(fell back to TS\))?"  # a Neural Clamping row whose δ did not help held out is marked so
+#: a Neural Clamping row whose δ did not help held out is marked so; auto's row names its choice
+FELL_BACK = r"(?: \((?P<fell_back>fell back to TS)\)| \((?P<chosen>[a-z_]+)\))?"
 CHANGE = re.compile(rf"^(?P<model>\S+)\s+(?P<method>\S+){FELL_BACK}\s+(?P<change>{_SIGNED}) \[(?P<low>{_SIGNED}), "
                     rf"(?P<high>{_SIGNED})\] (?P<verdict>improved|worse|no change)\s")
 SHORT_VERDICTS = {"improved": "improved", "made worse": "worse", "no detectable change at this test size": "no change",
@@ -35,9 +37,9 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
         capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert "short Neural Clamping schedule" in result.stdout
+    assert "Every method ran with the library's defaults, as fit() runs it" in result.stdout
 
-    rows, changes, fell_back = {}, {}, {}
+    rows, changes, fell_back, chosen = {}, {}, {}, {}
     for line in result.stdout.splitlines():
         change = CHANGE.match(line.strip())
         if change:
@@ -47,7 +49,9 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
             pairs = re.findall(r"(\d\.\d{4}) → (\d\.\d{4})", match["values"])
             rows[match["model"], match["method"]] = (int(match["n"]), dict(zip(DEMO_METRICS, pairs)))
             fell_back[match["model"], match["method"]] = bool(match["fell_back"])
-    assert set(rows) == {(model, method) for model in MODELS for method in DEMO_METHODS}, result.stdout
+            chosen[match["model"], match["method"]] = match["chosen"]
+    assert set(rows) == {(model, method) for model, methods in MODELS.items() for method in methods}, result.stdout
+    assert NC_LEFT_OUT.format(name="bbc-minilm-l6") in " ".join(result.stdout.split())  # says why NC is not run there
 
     for (model, method), (count, printed) in rows.items():
         folder = output / demo_folder(model, method)
@@ -62,6 +66,8 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
         evaluation = record["evaluation"]
         summary_fell_back = bool(record["fit"]["summary"].get("fell_back_to_temperature_scaling"))
         assert fell_back[model, method] == summary_fell_back  # the row is marked exactly when the fit fell back
+        assert chosen[model, method] == (record["method"] if method == "auto" else None), record["method"]
+        assert record["options"].get("optimizer") in (None, "lbfgs")  # the default optimiser, not the authors' SGD
         assert ("Calibration method: Temperature scaling (Neural Clamping fell back" in card) == summary_fell_back
         assert evaluation["split"] == "test" and evaluation["calibrated"]["num_samples"] == count
         assert (evaluation["in_sample"], evaluation["calibration_split"]) == (False, "calibration")
@@ -75,9 +81,9 @@ def test_demo_quick_prints_the_table_and_writes_cards(bbc_minilm, digits_cnn, tm
             assert abs(float(printed_change[printed_key]) - difference[key]) <= 5e-5 + 1e-12, (model, method, key)
         assert printed_change["verdict"] == SHORT_VERDICTS[evaluation["verdicts"]["ece"]]
         assert "What calibration did" in card and "Poisson-bootstrap intervals (1000 replicates" in card
-    # Both methods are evaluated on the same test rows with the same base model.
-    for model in MODELS:
-        assert rows[model, "temperature"][1]["ece"][0] == rows[model, "neural_clamping"][1]["ece"][0]
+    # Every method is evaluated on the same test rows with the same base model.
+    for model, methods in MODELS.items():
+        assert {rows[model, method][1]["ece"][0] for method in methods} == {rows[model, "temperature"][1]["ece"][0]}
 
 
 @pytest.mark.parametrize("sample", [
@@ -99,7 +105,7 @@ def test_the_table_names_in_sample_results_as_the_card_does(sample, tmp_path, mo
     model = SimpleNamespace(name="bbc-minilm-l6", dataset={"calibration": [0] * 10, "test": [0] * 10},
                             preprocessor=SimpleNamespace())
     monkeypatch.setattr(command, "_zoo_model", lambda spec, args, state: model)
-    monkeypatch.setattr(command, "_calibrate", lambda *arguments: (evaluation, False))
+    monkeypatch.setattr(command, "_calibrate", lambda *arguments: (evaluation, arguments[3]))  # (evaluation, row label)
     args = argparse.Namespace(models=["minilm"], quick=False, output=tmp_path / "demo", bootstrap=0, progress=False,
                               cache_dir=None)
     command.run_demo(args, SimpleNamespace(is_main_process=True), Console(True))
@@ -109,5 +115,6 @@ def test_the_table_names_in_sample_results_as_the_card_does(sample, tmp_path, mo
         return
     note = in_sample_note(evaluation) if sample["in_sample"] else UNKNOWN_SAMPLE_NOTE
     lines = [line for line in out.splitlines() if line.endswith(f"evaluated on {evaluation_label(evaluation)}")]
-    assert len(lines) == len(command.DEMO_METHODS) and all(note in line for line in lines), out
-    assert [line.split(":")[0] for line in lines] == [f"bbc-minilm-l6, {method}" for method in command.DEMO_METHODS]
+    methods = command.DEMO_MODELS["minilm"].methods
+    assert len(lines) == len(methods) and all(note in line for line in lines), out
+    assert [line.split(":")[0] for line in lines] == [f"bbc-minilm-l6, {method}" for method in methods]

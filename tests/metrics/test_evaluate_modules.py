@@ -1,9 +1,12 @@
 """The Hugging Face ``evaluate`` modules in ``evaluate_metrics/`` are exact, thin wrappers
-over :mod:`hf_calibrate.metrics`, load offline, and their documented examples run."""
+over :mod:`hf_calibrate.metrics`, load offline, take every option as an explicit parameter, and their documented
+examples run; each folder is ready to push as a metric Space."""
 
 from __future__ import annotations
 
 import doctest
+import importlib.metadata
+import inspect
 import re
 import runpy
 import sys
@@ -16,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+import hf_calibrate
 from hf_calibrate import metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +34,16 @@ REFERENCE = {
     "calibration": lambda p, y, **kw: metrics.calibration_report(p, y, **kw),
 }
 NAMES = sorted(REFERENCE)
+# Folder name -> the hf_calibrate function whose keyword options (and their defaults) the module takes.
+LIBRARY_FUNCTION = {
+    "ece": metrics.expected_calibration_error,
+    "classwise_ece": metrics.classwise_calibration_error,
+    "nll": metrics.negative_log_likelihood,
+    "brier": metrics.brier_score,
+    "calibration": metrics.calibration_report,
+}
+# The colours the Hub takes for a Space's thumbnail gradient (its Spaces configuration reference).
+SPACE_THUMBNAIL_COLORS = {"red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray"}
 CLASS_NAMES = {
     "ece": "Ece", "classwise_ece": "ClasswiseEce", "nll": "Nll", "brier": "Brier", "calibration": "Calibration"
 }
@@ -42,7 +56,7 @@ def offline_from_repo_root(hf_home, monkeypatch):
 
 
 def load(name: str, *, will_fail: bool = False) -> evaluate.EvaluationModule:
-    """Load a module by folder path, as a user at the repository root does.
+    """Load a module by its folder path in the checkout (``evaluate_metrics/<name>``, from the repository root).
 
     In evaluate 0.4.6 a ``compute`` that raises keeps its instance's cache-file lock until the
     instance is garbage-collected, and each later instance with the same ``experiment_id``
@@ -129,9 +143,13 @@ def test_kwargs_pass_through(name, kwargs):
     assert result != REFERENCE[name](probs, labels)  # the kwargs changed the value
 
 
-def test_unknown_kwarg_is_rejected():
-    with pytest.raises(TypeError, match="n_bin"):
-        load("ece", will_fail=True).compute(predictions=[[0.3, 0.7]], references=[1], n_bin=10)
+def test_unknown_kwarg_is_rejected_naming_the_options_and_the_batches_are_kept():
+    metric = load("ece", will_fail=True)
+    metric.add_batch(predictions=[[0.3, 0.7], [0.8, 0.2]], references=[1, 0])
+    with pytest.raises(ValueError, match=r"ece: unknown option\(s\) 'n_bin'; the options are n_bins, binning, norm, "
+                                         r"from_logits, bootstrap, seed\. Check the spelling"):
+        metric.compute(n_bin=10)
+    assert metric.compute(n_bins=10) == load("ece").compute(predictions=[[0.3, 0.7], [0.8, 0.2]], references=[1, 0], n_bins=10)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -160,6 +178,23 @@ def test_bad_kwargs_give_a_clear_value_error(name, kwargs):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_option_is_an_explicit_parameter_with_the_library_default(name):
+    """No ``**kwargs`` (evaluate's own module test refuses them), the options of the library function with its
+    defaults, plus ``bootstrap=0`` and ``seed=0`` where intervals are offered; each documented in both places."""
+    parameters = inspect.signature(type(load(name))._compute).parameters
+    assert all(parameter.kind is parameter.POSITIONAL_OR_KEYWORD for parameter in parameters.values())
+    assert list(parameters)[:3] == ["self", "predictions", "references"]
+    options = {option: parameter.default for option, parameter in list(parameters.items())[3:]}
+    library = inspect.signature(LIBRARY_FUNCTION[name]).parameters.values()
+    expected = {parameter.name: parameter.default for parameter in library if parameter.kind is parameter.KEYWORD_ONLY}
+    assert options == {**expected, **({"bootstrap": 0, "seed": 0} if name in BOOTSTRAP_NAMES else {})}
+    card = (MODULES_DIR / name / "README.md").read_text(encoding="utf-8")
+    for option in options:
+        assert re.search(rf"^    {option} \(`", load(name).inputs_description, re.M), f"{name}: {option} undocumented"
+        assert f"- **{option}** (" in card, f"{name}/README.md: {option} undocumented"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_kwargs_description_examples_run(name):
     result = run_doctests(load(name).inputs_description, f"{name}._KWARGS_DESCRIPTION")
     assert result.attempted >= 3
@@ -173,6 +208,8 @@ def test_metric_card(name):
         "title", "emoji", "colorFrom", "colorTo", "sdk", "sdk_version", "app_file", "pinned", "tags", "description"
     }
     assert {"evaluate", "metric"} <= set(front_matter["tags"])
+    assert (front_matter["sdk"], front_matter["sdk_version"]) == ("gradio", "3.19.1")  # evaluate's widget API
+    assert {front_matter["colorFrom"], front_matter["colorTo"]} <= SPACE_THUMBNAIL_COLORS
     assert (MODULES_DIR / name / front_matter["app_file"]).is_file()
     for section in ["Metric Description", "How to Use", "Inputs", "Output Values", "Examples",
                     "Limitations and Bias", "Citation", "Further References"]:
@@ -180,6 +217,14 @@ def test_metric_card(name):
     # The card's examples run as doctests (code fences blanked so they do not end an output).
     result = run_doctests(re.sub(r"^```.*$", "", card, flags=re.M), f"{name}/README.md")
     assert result.attempted >= 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_space_requirements_pin_the_tested_evaluate_and_this_hf_calibrate(name):
+    """The Space installs the evaluate these modules are tested with and the hf_calibrate they ship in."""
+    requirements = (MODULES_DIR / name / "requirements.txt").read_text(encoding="utf-8").split()
+    evaluate_version = importlib.metadata.version("evaluate")
+    assert requirements == [f"evaluate=={evaluate_version}", f"hf-calibrate=={hf_calibrate.__version__}"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -319,7 +364,7 @@ def test_ece_interval_of_an_unsupported_combination_is_refused(binning, norm):
 
 
 def test_classwise_ece_has_no_bootstrap_option():
-    with pytest.raises(TypeError, match="bootstrap"):
+    with pytest.raises(ValueError, match="unknown option\\(s\\) 'bootstrap'; the options are n_bins, from_logits"):
         load("classwise_ece", will_fail=True).compute(predictions=[[0.3, 0.7]], references=[1], bootstrap=10)
     card = (MODULES_DIR / "classwise_ece" / "README.md").read_text(encoding="utf-8")
     assert "no `bootstrap` option" in card and "not the per-class" in card  # and says why

@@ -219,6 +219,42 @@ def test_compare_draws_one_column_per_entry(tmp_path):
     assert (width, height) == (3 * single[0], single[1])
 
 
+def test_many_diagrams_wrap_into_rows_of_a_readable_figure():
+    """Seven panels (a comparison of six methods): rows of at most MAX_COLUMNS, each panel the size of one diagram,
+    so the figure stays as wide as MAX_COLUMNS diagrams; the legend's text is no smaller than the axes' labels.
+    (Its PNG has the figure's size in pixels: test_compare_draws_one_column_per_entry.)"""
+    names = [f"method {index}" for index in range(7)]
+    figure = compare_reliability_diagrams({name: BINS for name in names}, title="seven",
+                                          captions={"method 0": "NLL 0.1234 [0.1000, 0.1500]"})
+    panels = figure.axes[0::2]
+    rows = sorted({round(ax.get_position().y0, 6) for ax in panels}, reverse=True)
+    assert len(rows) == 2 and plotting.MAX_COLUMNS == 4
+    assert [ax.get_title().split("\n")[0] for ax in panels] == names  # in order, row by row
+    assert [ax.get_position().y0 for ax in panels] == sorted((ax.get_position().y0 for ax in panels), reverse=True)
+    assert panels[0].get_title() == "method 0\nNLL 0.1234 [0.1000, 0.1500]"  # its caption in place of the ECE
+    assert panels[1].get_title() == f"method 1\nECE = {BINS.ece:.4f}"
+    width, height = (round(inches * plotting.DPI) for inches in figure.get_size_inches())
+    single = [round(inches * plotting.DPI) for inches in plotting.PANEL_SIZE]
+    assert (width, height) == (4 * single[0], 2 * single[1]) and width <= 2600
+    legend_sizes = {text.get_fontsize() for text in figure.legends[0].get_texts()}
+    assert min(legend_sizes) >= panels[0].yaxis.label.get_fontsize()
+
+
+@pytest.mark.parametrize("panels", range(1, 14))
+def test_grid_shape_uses_the_fewest_rows_and_spreads_the_panels_evenly(panels):
+    rows, columns = plotting.grid_shape(panels)
+    assert columns <= plotting.MAX_COLUMNS and rows == -(-panels // plotting.MAX_COLUMNS)
+    assert (rows - 1) * columns < panels <= rows * columns  # no empty row
+    assert rows * columns - panels < rows  # the last row lacks fewer panels than there are rows
+
+
+def test_captions_must_name_panels_and_be_text():
+    with pytest.raises(ValueError, match=r"captions name panels that diagrams do not hold: \['c'\]"):
+        compare_reliability_diagrams({"a": BINS, "b": BINS}, captions={"c": "NLL 0.1"})
+    with pytest.raises(ValueError, match="captions must be a mapping of panel title -> str"):
+        compare_reliability_diagrams({"a": BINS}, captions={"a": 0.1})
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

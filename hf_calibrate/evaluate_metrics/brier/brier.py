@@ -35,7 +35,8 @@ Returns:
 
 Examples:
     >>> import evaluate
-    >>> brier = evaluate.load("evaluate_metrics/brier")
+    >>> from hf_calibrate import evaluate_module_path
+    >>> brier = evaluate.load(evaluate_module_path("brier"))
     >>> brier.compute(predictions=[[0.5, 0.5], [0.25, 0.75]], references=[0, 1])
     {'brier': 0.3125}
     >>> brier.compute(predictions=[[0.0, 0.0]], references=[1], from_logits=True)
@@ -71,8 +72,12 @@ class Brier(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://doi.org/10.1175/1520-0493(1950)078<0001:VOFEIT>2.0.CO;2"],
         )
 
-    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
-        """kwargs: ``from_logits``; ``bootstrap``, ``seed``: see above."""
-        result = {"brier": brier_score(predictions, references, **kwargs)}
-        result.update(interval_columns(predictions, references, {"brier": "brier"}, replicates=bootstrap, seed=seed, **kwargs))
+    def _compute(self, predictions, references, from_logits=False, bootstrap=0, seed=0):
+        """The Brier score and, with ``bootstrap`` > 0, its interval; every option is described above."""
+        result = {"brier": brier_score(predictions, references, from_logits=from_logits)}
+        result.update(
+            interval_columns(
+                predictions, references, {"brier": "brier"}, replicates=bootstrap, seed=seed, from_logits=from_logits
+            )
+        )
         return result

@@ -48,7 +48,8 @@ Returns:
 
 Examples:
     >>> import evaluate
-    >>> calibration = evaluate.load("evaluate_metrics/calibration")
+    >>> from hf_calibrate import evaluate_module_path
+    >>> calibration = evaluate.load(evaluate_module_path("calibration"))
     >>> probs = [[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]]
     >>> results = calibration.compute(predictions=probs, references=[0, 1, 1], n_bins=10)
     >>> {name: round(value, 4) for name, value in sorted(results.items())}  # doctest: +NORMALIZE_WHITESPACE
@@ -110,9 +111,10 @@ class Calibration(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599", "https://arxiv.org/abs/1904.01685"],
         )
 
-    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
-        """kwargs: ``n_bins``, ``from_logits``; ``bootstrap``, ``seed``: see above."""
-        result = calibration_report(predictions, references, **kwargs)
+    def _compute(self, predictions, references, n_bins=15, from_logits=False, bootstrap=0, seed=0):
+        """The report and, with ``bootstrap`` > 0, its intervals; every option is described above."""
+        options = {"n_bins": n_bins, "from_logits": from_logits}
+        result = calibration_report(predictions, references, **options)
         names = {name: name for name in result if name in DEFAULT_METRICS}
-        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **kwargs))
+        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **options))
         return result

@@ -31,7 +31,8 @@ Returns:
 
 Examples:
     >>> import evaluate
-    >>> classwise_ece = evaluate.load("evaluate_metrics/classwise_ece")
+    >>> from hf_calibrate import evaluate_module_path
+    >>> classwise_ece = evaluate.load(evaluate_module_path("classwise_ece"))
     >>> probs = [[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]]
     >>> results = classwise_ece.compute(predictions=probs, references=[0, 1, 1], n_bins=10)
     >>> round(results["classwise_ece"], 4)
@@ -61,6 +62,7 @@ class ClasswiseEce(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1904.01685"],
         )
 
-    def _compute(self, predictions, references, **kwargs):
-        """kwargs: ``n_bins``, ``from_logits`` (see above)."""
-        return {"classwise_ece": classwise_calibration_error(predictions, references, **kwargs)}
+    def _compute(self, predictions, references, n_bins=15, from_logits=False):
+        """The classwise ECE; the options are described above."""
+        error = classwise_calibration_error(predictions, references, n_bins=n_bins, from_logits=from_logits)
+        return {"classwise_ece": error}

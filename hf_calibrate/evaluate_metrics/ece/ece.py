@@ -51,7 +51,8 @@ Returns:
 
 Examples:
     >>> import evaluate
-    >>> ece = evaluate.load("evaluate_metrics/ece")
+    >>> from hf_calibrate import evaluate_module_path
+    >>> ece = evaluate.load(evaluate_module_path("ece"))
     >>> probs = [[0.95, 0.05], [0.85, 0.15], [0.35, 0.65]]
     >>> results = ece.compute(predictions=probs, references=[0, 1, 1], n_bins=10)
     >>> round(results["ece"], 4)
@@ -92,12 +93,15 @@ class Ece(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/1706.04599"],
         )
 
-    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
-        """kwargs: ``n_bins``, ``binning``, ``norm``, ``from_logits``; ``bootstrap``, ``seed``: see above."""
-        result = {"ece": expected_calibration_error(predictions, references, **kwargs)}
-        binning, norm = kwargs.pop("binning", "equal_width"), kwargs.pop("norm", "l1")
+    def _compute(
+        self, predictions, references, n_bins=15, binning="equal_width", norm="l1", from_logits=False,
+        bootstrap=0, seed=0,
+    ):
+        """The error and, with ``bootstrap`` > 0, its interval; every option is described above."""
+        options = {"n_bins": n_bins, "from_logits": from_logits}
+        result = {"ece": expected_calibration_error(predictions, references, binning=binning, norm=norm, **options)}
         names = {"ece": _interval_metric(binning, norm)} if bootstrap else {}
-        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **kwargs))
+        result.update(interval_columns(predictions, references, names, replicates=bootstrap, seed=seed, **options))
         return result
 
 

@@ -35,7 +35,8 @@ Returns:
 
 Examples:
     >>> import evaluate
-    >>> nll = evaluate.load("evaluate_metrics/nll")
+    >>> from hf_calibrate import evaluate_module_path
+    >>> nll = evaluate.load(evaluate_module_path("nll"))
     >>> round(nll.compute(predictions=[[0.5, 0.5], [0.25, 0.75]], references=[0, 1])["nll"], 4)
     0.4904
     >>> round(nll.compute(predictions=[[0.0, 0.0]], references=[1], from_logits=True)["nll"], 4)
@@ -71,8 +72,12 @@ class Nll(EvaluateInputChecks, evaluate.Metric):
             reference_urls=["https://doi.org/10.1198/016214506000001437"],
         )
 
-    def _compute(self, predictions, references, bootstrap=0, seed=0, **kwargs):
-        """kwargs: ``from_logits``; ``bootstrap``, ``seed``: see above."""
-        result = {"nll": negative_log_likelihood(predictions, references, **kwargs)}
-        result.update(interval_columns(predictions, references, {"nll": "nll"}, replicates=bootstrap, seed=seed, **kwargs))
+    def _compute(self, predictions, references, from_logits=False, bootstrap=0, seed=0):
+        """The NLL and, with ``bootstrap`` > 0, its interval; every option is described above."""
+        result = {"nll": negative_log_likelihood(predictions, references, from_logits=from_logits)}
+        result.update(
+            interval_columns(
+                predictions, references, {"nll": "nll"}, replicates=bootstrap, seed=seed, from_logits=from_logits
+            )
+        )
         return result
