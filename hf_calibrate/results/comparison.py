@@ -256,7 +256,7 @@ def _cells(row: Dict[str, Any], metric: str) -> Tuple[str, ...]:
     difference = "best" if versus is None else f"{versus['point']:+.4f} {reporting.interval_text(versus, signed=True)}"
     others = tuple(f"{row['metrics'][key]:.4f}" for key in TABLE_METRICS if key != metric)
     return (row["name"], point, difference, "yes" if row["tied_with_best"] else "no", verdict_text(row), *others,
-            duration_text(row.get("fit_seconds")))
+            reporting.fit_time_text(row.get("fit_seconds")))
 
 
 def verdict_text(row: Dict[str, Any]) -> str:
@@ -271,28 +271,6 @@ def verdict_text(row: Dict[str, Any]) -> str:
     improved, worse = row.get("improved") or [], row.get("made_worse") or []
     parts = ([f"**{MADE_WORSE}: {named(worse)}**"] if worse else []) + ([f"{IMPROVED}: {named(improved)}"] if improved else [])
     return "; ".join(parts) or NO_DIFFERENCE
-
-
-def duration_text(seconds: Optional[float]) -> str:
-    """A wall time with its unit, to about 2 significant digits: ``"35 ms"``, ``"1.2 s"``, ``"48 s"``, ``"3 min 5 s"``;
-    "–" for None (not measured).
-
-    Example:
-        >>> [duration_text(s) for s in (None, 0.0042, 0.035, 1.234, 48.4, 185.2)]
-        ['–', '4.2 ms', '35 ms', '1.2 s', '48 s', '3 min 5 s']
-    """
-    if seconds is None:
-        return "–"
-    if seconds < 0.00995:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds < 0.9995:
-        return f"{seconds * 1e3:.0f} ms"
-    if seconds < 9.95:
-        return f"{seconds:.1f} s"
-    if seconds < 59.5:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest} s"
 
 
 def markdown_table(result: Dict[str, Any], report: Optional[str] = None) -> str:

@@ -159,7 +159,7 @@ def _ranking_section(result: Mapping[str, Any]) -> str:
     if any(row.get("fit_seconds") is not None for row in result["rows"]):
         header.append("fit time")
         for cells, row in zip(rows, result["rows"]):
-            cells.append("–" if row.get("fit_seconds") is None else html.escape(reporting.seconds_text(row["fit_seconds"])))
+            cells.append(html.escape(reporting.fit_time_text(row.get("fit_seconds"))))
     return _section("Ranking", "Best first. 'made worse' marks a difference to the uncalibrated model whose interval lies "
                     "above 0: the method left the model worse calibrated than no calibration.", _table(header, rows))
 

@@ -324,6 +324,11 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:,.0f} s"
 
 
+def fit_time_text(seconds: Optional[float]) -> str:
+    """A table's "fit time" cell: :func:`seconds_text`, or "–" where it was not measured (None)."""
+    return "–" if seconds is None else seconds_text(seconds)
+
+
 def _budget_text(choice: Mapping[str, Any]) -> Optional[str]:
     """The budget sentence: the budget given (seconds) and Neural Clamping's estimated fit time (None without either)."""
     budget, estimate = choice.get("budget"), choice.get("neural_clamping_estimate")
