@@ -105,10 +105,13 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
 
     if args.diagram is not None and state.is_main_process:
         check_writable(args.diagram, "--diagram", folder=False, replaceable=check_diagram_target)
+    if args.report is not None:
+        _check_report_target(args, state)
     target = _results_target(args) if args.push_results and state.is_main_process else None  # before anything runs
     loaded = _load_model(args, state)
-    if args.push_results and not loaded.calibrated:
-        raise UserError(f"--push-results needs an hf_calibrate calibration; {args.model} is a plain model.")
+    for flag in ("push_results", "report"):
+        if getattr(args, flag) and not loaded.calibrated:
+            raise UserError(f"--{flag.replace('_', '-')} needs an hf_calibrate calibration; {args.model} is a plain model.")
     if target is not None:
         _results_target(args, loaded.model, target)  # that it holds this very model, before evaluating
     data = load_data(args, adapt(loaded.base), state, args.label_column,
@@ -130,11 +133,31 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
         method = method_title(loaded.model.calibration_record()) if loaded.calibrated else None  # as fit's diagram names it
         draw_diagram(evaluation, args.diagram, title=f"{source_display_name(args.model)}: {diagram_title(evaluation, method)}")
         console.note(f"wrote the reliability diagram to {args.diagram}")
+    if args.report is not None and state.is_main_process:
+        from ..results.evaluation_report import write_evaluation_report
+
+        missing = write_evaluation_report(evaluation, args.report, loaded.model.method)
+        console.warn(missing)
+        if missing is None:
+            console.note(f"wrote the report to explore in a browser (it works offline) to {args.report}")
     if target is not None:
         from .. import _hub
 
         update = _hub.push_evaluation_results(target, evaluation, token=args.token)
         console.note(f"pushed the results to {args.push_results}: {update}")
+
+
+def _check_report_target(args: argparse.Namespace, state: Any) -> None:
+    """``--report``: the page needs the paired intervals, and a path the command may write (before anything runs)."""
+    from .._output_files import refuse_unproven
+    from ..results.html_report import is_our_report
+
+    if args.bootstrap == 0:
+        raise UserError("--report shows the paired intervals, which --bootstrap 0 turns off: drop --bootstrap 0 (or give "
+                        "a number of replicates from 100 on).")
+    if state.is_main_process:
+        check_writable(args.report, "--report", folder=False,
+                       replaceable=lambda path: refuse_unproven({path: is_our_report}, instead="write the report to another --report path"))
 
 
 def _results_target(args: argparse.Namespace, model: Any = None, checked: Any = None) -> Any:

@@ -42,6 +42,7 @@ model's labels by name."""
 EVALUATE_EPILOG = """examples:
   hf-calibrate evaluate --model ./vit-nc --dataset ./digits --split test --diagram test.png
   hf-calibrate evaluate --model user/vit-nc --dataset ./digits --split test --json
+  hf-calibrate evaluate --model ./vit-nc --dataset ./digits --split test --report vit-nc.html   # explore it offline
   hf-calibrate evaluate --model user/vit-nc --dataset ./digits --split test --push-results user/vit-nc
   hf-calibrate evaluate --model ./my-vit --dataset ./digits --split test    # a plain model: its metrics"""
 
@@ -228,6 +229,8 @@ def _add_evaluate(commands_: Any, common: argparse.ArgumentParser) -> None:
     report.add_argument("--n-bins", type=int, default=15, help="bins of the binned metrics (default 15)")
     report.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     report.add_argument("--diagram", type=Path, metavar="PATH", help="write the reliability diagram(s) as a PNG")
+    report.add_argument("--report", type=Path, metavar="PATH", help="write the before/after as an HTML page to explore "
+                        "in a browser, offline (a calibrated model; needs the report extra and --bootstrap > 0)")
     report.add_argument("--push-results", metavar="REPO_OR_FOLDER", help="write the results into the model card of this "
                         "calibrated hub repo or local folder (checked before the evaluation runs)")
     evaluate.set_defaults(handler=commands.run_evaluate)

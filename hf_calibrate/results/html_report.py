@@ -1,5 +1,5 @@
 """The comparison as one HTML page a person can explore: ``comparison.html``, written beside comparison.md by
-``hf-calibrate compare``.
+``hf-calibrate compare`` (and one evaluation's before/after, by ``hf-calibrate evaluate --report``: :mod:`.evaluation_report`).
 
 The page works offline: plotly.js is embedded in it (no CDN, no network). It holds the ranking table with its
 intervals and verdicts, the reliability diagrams of every method overlaid (switched with a menu or the legend; each

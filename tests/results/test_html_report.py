@@ -369,3 +369,87 @@ def test_the_screenshot_is_not_blank(browsed, tmp_path):
     image = Image.open(io.BytesIO(data)).convert("L")
     assert image.size[0] == WINDOW[0] and image.size[1] > WINDOW[1] / 2  # the viewport: the window less its frame
     assert ImageStat.Stat(image).stddev[0] > 10 and len(image.getcolors(maxcolors=1 << 16) or []) > 50
+
+
+# ----------------------------------------------------------------------------- hf-calibrate evaluate --report
+
+
+@pytest.fixture(scope="module")
+def evaluated(compared, tmp_path_factory):
+    """A temperature scaling of the digits CNN fitted by the CLI, then ``evaluate --report`` on the test split."""
+    root = tmp_path_factory.mktemp("evaluated")
+    folder, page = root / "digits-ts", root / "digits-ts.html"
+    fit = ["fit", "--model", str(compared["model"]), "--dataset", str(compared["data"]), "--split", "calibration",
+           "--eval-split", "test", "--method", "temperature", "--bootstrap", "100", "--no-progress", "--output", str(folder)]
+    assert main(fit) == 0
+    evaluate = ["evaluate", "--model", str(folder), "--dataset", str(compared["data"]), "--split", "test",
+                "--bootstrap", "100", "--no-progress", "--report", str(page)]
+    assert main(evaluate) == 0
+    return {"folder": folder, "report": page}
+
+
+def test_evaluate_writes_the_before_after_as_a_signed_page(evaluated):
+    page = evaluated["report"].read_text(encoding="utf-8")
+    assert html_report.is_our_report(evaluated["report"])
+    assert page.count("Plotly.newPlot(") == 2  # reliability and paired differences: no per-class data in an evaluation
+    assert "temperature" in page and "uncalibrated" in page and "NLL − uncalibrated" in page
+
+
+def test_an_evaluation_reads_as_two_rows_of_a_comparison(evaluated):
+    """The rows hold the evaluation's own numbers: each side's metrics and bins, the paired difference calibrated −
+    uncalibrated as the calibration's guard, and read the other way round as the worse row's difference to the best."""
+    from hf_calibrate.results.evaluation_report import evaluation_as_comparison
+
+    evaluation = json.loads((evaluated["folder"] / "calibration_config.json").read_text(encoding="utf-8"))["evaluation"]
+    result = evaluation_as_comparison(evaluation, "temperature")
+    rows = {row["name"]: row for row in result["rows"]}
+    assert rows["temperature"]["versus_uncalibrated"] == {key: evaluation["difference"][key] for key in ("nll", "brier")}
+    best, other = result["rows"]
+    assert best["versus_best"] is None and best["metrics"]["nll"] <= other["metrics"]["nll"]
+    difference = evaluation["difference"]["nll"]
+    sign = 1 if other["name"] == "temperature" else -1
+    assert other["versus_best"]["point"] == sign * difference["point"]
+    assert sorted([other["versus_best"]["low"], other["versus_best"]["high"]]) == sorted(
+        [sign * difference["low"], sign * difference["high"]])
+    assert result["reliability"] == {"temperature": evaluation["reliability"]["calibrated"],
+                                     "uncalibrated": evaluation["reliability"]["uncalibrated"]}
+    verdicts = evaluation["verdicts"]
+    assert rows["temperature"]["made_worse"] == [key for key in ("nll", "brier") if verdicts[key] == "made worse"]
+    assert rows["temperature"]["improved"] == [key for key in ("nll", "brier") if verdicts[key] == "improved"]
+
+
+def test_evaluate_report_refusals_name_the_fix(compared, evaluated, tmp_path, capsys):
+    from hf_calibrate.results.evaluation_report import evaluation_as_comparison
+
+    base = ["evaluate", "--dataset", str(compared["data"]), "--split", "test", "--no-progress"]
+    assert main([*base, "--model", str(evaluated["folder"]), "--bootstrap", "0", "--report", str(tmp_path / "r.html")]) != 0
+    assert "drop --bootstrap 0" in capsys.readouterr().err
+    assert main([*base, "--model", str(compared["model"]), "--report", str(tmp_path / "r.html")]) != 0
+    assert "--report needs an hf_calibrate calibration" in capsys.readouterr().err
+    mine = tmp_path / "mine.html"
+    mine.write_text("<html>my notes</html>")
+    assert main([*base, "--model", str(evaluated["folder"]), "--report", str(mine)]) != 0
+    assert "hf_calibrate replaces only files it can prove it wrote" in capsys.readouterr().err
+    assert mine.read_text() == "<html>my notes</html>" and not (tmp_path / "r.html").exists()
+    evaluation = json.loads((evaluated["folder"] / "calibration_config.json").read_text(encoding="utf-8"))["evaluation"]
+    with pytest.raises(ValueError, match="bootstrap > 0"):
+        evaluation_as_comparison({**evaluation, "difference": {}}, "temperature")
+    with pytest.raises(ValueError, match="a plain model's has no before/after"):
+        evaluation_as_comparison({"uncalibrated": evaluation["uncalibrated"]}, "temperature")
+    with pytest.raises(ValueError, match="name must be the calibration's method name"):
+        evaluation_as_comparison(evaluation, "uncalibrated")
+
+
+@needs_chromium
+def test_the_evaluation_page_draws_offline_without_console_errors(evaluated, tmp_path):
+    browser = DevTools(tmp_path / "profile")
+    try:
+        browser.open(evaluated["report"].resolve().as_uri())
+        deadline = time.monotonic() + 30
+        while browser.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") < 4:
+            assert time.monotonic() < deadline, "plotly did not draw both plots within 30 s"
+            time.sleep(0.2)
+    finally:
+        browser.close()
+    assert page_errors(browser.events) == []
+    assert all(local(url) for url in requested_urls(browser.events))
