@@ -20,6 +20,7 @@ full run):
   and auto on the zoo);
 * ``fit_precision`` — ``bench_fit_precision.py`` (logit fits in float32 against float64: time and held-out NLL);
 * ``joint_check`` — ``bench_joint_check.py`` (a linear map's check fitted jointly against one fold at a time);
+* ``demo_time`` — ``bench_demo_time.py`` (``hf-calibrate demo`` as a user runs it: an empty zoo cache, then the filled one);
 * ``mac_cal_ablation`` — ``bench_mac_cal_ablation.py`` (where MaC-Cal's gain comes from: paired arms against its default);
 * ``gpu``        — ``bench_gpu.py``: only when a GPU is visible, or when named in ``--only``.
 
@@ -71,6 +72,7 @@ SUITES: Dict[str, Tuple[str, str, str]] = {
     "fold_leak": ("bench_fold_leak.py", "quality", "folds dealt by class or at random: against a new draw where TS is the truth, and auto on the zoo"),
     "fit_precision": ("bench_fit_precision.py", "speed and quality", "logit fits in float32 against float64: time and held-out NLL"),
     "joint_check": ("bench_joint_check.py", "speed", "a linear map's check fitted jointly against one fold at a time: time and scores"),
+    "demo_time": ("bench_demo_time.py", "speed", "hf-calibrate demo as a user runs it: first run and cached run, wall time and peak memory"),
     "mac_cal_ablation": ("bench_mac_cal_ablation.py", "quality", "MaC-Cal ablation: each part of the reconstruction against its default, paired"),
     "auto_budget": ("bench_auto_budget.py", "quality and speed", "method=\"auto\" with a budget: Neural Clamping and MaC-Cal as candidates, NC's time estimate"),
     "gpu": ("bench_gpu.py", "speed (GPU)", "Neural Clamping fit throughput on GPU, fp32/bf16, 1 vs N GPUs"),

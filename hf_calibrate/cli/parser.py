@@ -66,7 +66,7 @@ DEMO_EPILOG = """examples:
   hf-calibrate demo --quick                # a smaller, faster configuration
 
 The models are trained on the first run and cached in $HF_CALIBRATE_CACHE (default
-~/.cache/hf_calibrate/zoo). Measured on 2 CPU cores: about 2 min the first time, 35 s after."""
+~/.cache/hf_calibrate/zoo). Measured on 2 CPU cores: about 2 min the first time, 34 s after."""
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,8 +1,8 @@
 """``hf-calibrate demo``: temperature scaling, Neural Clamping and ``auto`` on the zoo's models, each with its defaults;
 one table, saved models.
 
-Measured on 2 CPU cores: 35 s once the zoo (:mod:`.models`) is cached, 128 s on a first run, which trains it (the
-README's Quick start). Neural Clamping runs on the CNN only: through the MiniLM its default (about 50 passes of the
+Measured on 2 CPU cores: 34 s once the zoo (:mod:`.models`) is cached, 122 s on a first run, which trains it
+(benchmarks/results/demo_time.md). Neural Clamping runs on the CNN only: through the MiniLM its default (about 50 passes of the
 transformer) takes minutes on a CPU, so the MiniLM shows ``auto``, the fast choice (:data:`NC_LEFT_OUT`). Importing this
 module imports nothing heavy (the command line's parser reads :data:`DEMO_MODELS`).
 """
