@@ -34,7 +34,8 @@ def fit_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 def per_method_options(pairs: Sequence[Any], methods: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     """compare's ``--option`` pairs as {method: its options}: ``METHOD.KEY=VALUE`` for that method only,
-    ``KEY=VALUE`` for every method (engine options such as ``batch_size``). Each key is checked by the fit itself."""
+    ``KEY=VALUE`` for every method (engine options such as ``batch_size``). Each method's options are checked (name,
+    type, range) as its fit checks them, before anything is fitted: a typo for the last method costs no earlier fit."""
     options: Dict[str, Dict[str, Any]] = {method: {} for method in methods}
     for key, value in pairs:
         method, dot, name = key.rpartition(".")
@@ -46,7 +47,19 @@ def per_method_options(pairs: Sequence[Any], methods: Sequence[str]) -> Dict[str
             if name in options[target]:
                 raise UserError(f"--option {key}=... sets {name} of {target} twice.")
             options[target][name] = value
+    for method, own in options.items():
+        _check_method_options(method, own)
     return options
+
+
+def _check_method_options(method: str, own: Dict[str, Any]) -> None:
+    """The error ``fit`` would give ``method`` for its ``--option`` values, as a usage error, now."""
+    from ..fitting.calibrate import split_options
+
+    try:
+        split_options(method, own)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"--option for {method}: {error}") from None
 
 
 def engine_options(options: Dict[str, Any]) -> Dict[str, Any]:

@@ -516,6 +516,20 @@ def test_compare_refuses_an_option_for_a_method_it_does_not_fit(capsys, tmp_path
     assert "'vector' is not one of --methods (temperature); write METHOD.KEY=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("option", "message"), [
+    ("vector.foo=1", "--option for vector: unknown option(s) ['foo'] for method 'vector'. Its options: folds, l2"),
+    ("neural_clamping.lr=5", "--option for neural_clamping: option lr must be a positive number in (0, 1], got 5"),
+    ("batch_sise=64", "--option for temperature: unknown option(s) ['batch_sise']"),
+])
+def test_compare_checks_every_methods_options_before_loading_or_fitting_anything(option, message, capsys, tmp_path):
+    """A typo in the last method's option fails at once, as that method's fit would fail: not after the earlier fits
+    (the model "x" does not exist: the error is the option's, before anything loads)."""
+    assert main(["compare", "--model", "x", "--dataset", "y", "--methods", "temperature,vector,neural_clamping",
+                 "--option", option, "--output", str(tmp_path / "z")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "fitting" not in err and not (tmp_path / "z").exists()
+
+
 def test_compare_refuses_a_dataset_without_a_held_out_split(digits_cnn, tmp_path, capsys):
     only = write_image_folder(tmp_path / "only", {"calibration": digits_cnn.dataset["calibration"]})
     assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(only), "--methods", "temperature",
