@@ -226,7 +226,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
             started = perf_counter()  # the fit's wall time, its pass of the base model over the data included
             model = CalibratedModel.fit(loaded.model, data.splits["calibration"], method=method,
                                         validation_data=validation, **_merged(options, own_options[method], method))
-            name = method if model.method == method else f"{method} ({model.method})"  # auto (its choice)
+            name = _row_name(method, model)
             models[name], fit_seconds[name] = model, perf_counter() - started
             fallback = model.fallback_note()
             console.warn(fallback and f"{method}: {fallback}")
@@ -248,6 +248,16 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
         comparison.write(result, table, args.output)
         console.note(f"wrote comparison.md, comparison.json and comparison.png to {args.output}")
         _write_report(result, args.output, adapt(loaded.model), console)
+
+
+def _row_name(method: str, model: Any) -> str:
+    """compare's name of ``method``'s fit: auto with its choice (``"auto (vector)"``), and a linear map whose
+    cross-fitted check kept temperature scaling itself (its ``l2`` None) with it, ``"vector (temperature)"``: the row
+    is temperature scaling's, as its card says, and should not read as a different method tied with it."""
+    if model.method != method:
+        return f"{method} ({model.method})"
+    summary = model.fit_summary or {}
+    return f"{method} (temperature)" if "l2_cv_nll" in summary and summary.get("l2", 0) is None else method
 
 
 def _write_report(result: Dict[str, Any], folder: Any, model: Any, console: Console) -> None:

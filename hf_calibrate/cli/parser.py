@@ -58,7 +58,8 @@ ranked by the NLL unless --metric says otherwise; methods whose paired differenc
 are marked as tied with it: the test split cannot tell them apart. A method whose NLL or Brier score is
 detectably worse than the uncalibrated model's is marked 'made worse', whatever its rank; one detectably
 better, 'improved'. The table gives each fit's time. 'auto' takes part as any method; its row is named
-after the method it chose, e.g. 'auto (temperature)'."""
+after the method it chose, e.g. 'auto (temperature)', and a linear map whose check kept temperature scaling
+itself after it, e.g. 'vector (temperature)'."""
 
 DEMO_EPILOG = """examples:
   hf-calibrate demo                        # both models, output in ./demo_output

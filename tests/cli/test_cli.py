@@ -530,6 +530,31 @@ def test_compare_checks_every_methods_options_before_loading_or_fitting_anything
     assert message in err and "fitting" not in err and not (tmp_path / "z").exists()
 
 
+def test_a_compared_linear_map_whose_check_kept_temperature_scaling_is_named_so():
+    """Labels drawn at a third of the model's sharpness on 3 classes: TS is the truth, vector's check keeps it (l2 None),
+    and compare's row says so; with a fixed l2 it is the map itself. auto's row names its choice."""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    from types import SimpleNamespace
+
+    from hf_calibrate import CalibratedModel
+    from hf_calibrate.cli.commands import _row_name
+
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    with torch.no_grad():
+        model.weight.mul_(6)
+    inputs = torch.randn(400, 6)
+    labels = torch.distributions.Categorical(logits=model(inputs).detach() / 3).sample()
+    data = TensorDataset(inputs, labels)
+    kept = CalibratedModel.fit(model, data, method="vector", progress=False)
+    assert kept.fit_summary["l2"] is None and _row_name("vector", kept) == "vector (temperature)"
+    fixed = CalibratedModel.fit(model, data, method="vector", progress=False, l2=1.0)
+    assert _row_name("vector", fixed) == "vector"
+    assert _row_name("auto", SimpleNamespace(method="matrix", fit_summary={})) == "auto (matrix)"
+
+
 def test_compare_refuses_a_dataset_without_a_held_out_split(digits_cnn, tmp_path, capsys):
     only = write_image_folder(tmp_path / "only", {"calibration": digits_cnn.dataset["calibration"]})
     assert main(["compare", "--model", str(digits_cnn.path), "--dataset", str(only), "--methods", "temperature",
