@@ -21,7 +21,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 from . import reporting
 from .._atomic import write_text_atomically
 from .._output_files import refuse_unproven
-from .report_figures import (MAX_CLASSES_SHOWN, differences_figure, guard_verdict, per_class_figure, plotly_modules,
+from .report_figures import (MAX_CLASSES_SHOWN, differences_figure, per_class_figure, plotly_modules, row_verdict,
                              reliability_figure)
 
 #: the report's file name in compare's output folder
@@ -31,6 +31,8 @@ PROOF_START = "<!-- hf_calibrate sha256 "
 PROOF_END = " -->\n"
 #: the keys of a comparison result the report reads (:mod:`.comparison`'s docstring)
 RESULT_KEYS = ("metric", "dataset", "split", "bootstrap", "rows", "reliability")
+#: the keys each of its rows must have (the verdicts are compare's, read as given)
+ROW_KEYS = ("name", "metrics", "interval", "versus_best", "tied_with_best", "versus_uncalibrated", "made_worse", "improved")
 #: the ranking table's columns beside the ranked metric and the differences
 OTHER_METRICS = ("accuracy", "ece", "nll", "brier", "classwise_ece")
 
@@ -60,6 +62,8 @@ th {{ background: #f3f3f3; }}
 def _check_result(result: Any) -> Mapping[str, Any]:
     """``result`` when it is a comparison result; a ValueError naming what it lacks otherwise."""
     missing = [key for key in RESULT_KEYS if key not in result] if isinstance(result, Mapping) else list(RESULT_KEYS)
+    if not missing and result["rows"]:
+        missing = sorted({key for row in result["rows"] for key in ROW_KEYS if key not in row})
     if missing or not result["rows"]:
         raise ValueError(f"result must be a comparison result (what hf_calibrate.results.comparison.compare returns, or the "
                          f"content of comparison.json) with at least one row; it lacks {missing or ['rows']}.")
@@ -175,7 +179,7 @@ def _ranking_cells(row: Mapping[str, Any], metric: str, others: List[str]) -> Li
             guards.append("–")
             continue
         shown = f"{interval['point']:+.4f} {reporting.interval_text(interval, signed=True)}"
-        text = html.escape(f"{shown}: {guard_verdict(row, key)}")
+        text = html.escape(f"{shown}: {row_verdict(row, key)}")
         guards.append(f"<span class=\"worse\">{text}</span>" if key in row.get("made_worse", []) else text)
     metrics = row["metrics"]
     values = [html.escape(f"{metrics[key]:.4f}") if metrics.get(key) is not None else "–" for key in others]

@@ -14,7 +14,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from . import reporting
 from .report_data import bin_accuracy_intervals
-from ..metrics import Interval, verdict
 
 #: how a user gets the report's dependency
 INSTALL_HINT = 'pip install "hf-calibrate[report]"'
@@ -155,29 +154,11 @@ def _class_cell_text(data: Mapping[str, Sequence[Any]], k: int, label: str, name
             f"<br>predicted share: {data['mean_probability'][k]:.4f}, label share: {data['frequency'][k]:.4f}")
 
 
-def interval_from_json(interval: Mapping[str, Any]) -> Interval:
-    """An :class:`~hf_calibrate.metrics.Interval` from its JSON form (None ends: NaN)."""
-    ends = {key: math.nan if interval.get(key) is None else float(interval[key]) for key in ("point", "low", "high")}
-    return Interval(**ends, confidence=interval["confidence"], replicates=interval["replicates"], seed=interval["seed"],
-                    reason=interval.get("reason"))
-
-
-def difference_verdict(interval: Optional[Mapping[str, Any]]) -> str:
-    """The verdict (:func:`hf_calibrate.metrics.verdict`) of a paired difference's JSON interval, lower is better;
-    ``"no interval"`` when it has none."""
-    if interval is None or interval.get("reason") or interval.get("low") is None or interval.get("high") is None:
-        return "no interval"
-    return verdict(interval_from_json(interval))
-
-
-def guard_verdict(row: Mapping[str, Any], key: str) -> str:
-    """A ranking row's verdict against the uncalibrated model on the guard metric ``key``: compare's own (its
-    ``made_worse`` and ``improved`` lists, which also ask for enough test samples); read from the interval alone for a
-    result that predates ``improved``."""
-    if key in row.get("made_worse", []):
+def row_verdict(row: Mapping[str, Any], key: str) -> str:
+    """A ranking row's verdict against the uncalibrated model on the guard metric ``key``, as compare gave it (its
+    ``made_worse`` and ``improved`` lists, which also ask for enough test samples)."""
+    if key in row["made_worse"]:
         return "made worse"
-    if "improved" not in row:
-        return difference_verdict(row["versus_uncalibrated"].get(key))
     return "improved" if key in row["improved"] else "no detectable difference"
 
 
@@ -192,7 +173,7 @@ def differences_figure(rows: Sequence[Mapping[str, Any]], metric: str) -> Any:
     plotly = plotly_modules()
     panels = [(f"{reporting.METRIC_NAMES[metric]} − best", lambda row: row["versus_best"], _best_verdict)]
     panels += [(f"{reporting.METRIC_NAMES[key]} − uncalibrated", lambda row, key=key: row["versus_uncalibrated"].get(key),
-                lambda row, key=key: guard_verdict(row, key)) for key in ("nll", "brier")]
+                lambda row, key=key: row_verdict(row, key)) for key in ("nll", "brier")]
     figure = plotly.make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=[title for title, *_ in panels],
                                   horizontal_spacing=0.04)
     names = [plain(row["name"]) for row in reversed(rows)]

@@ -143,6 +143,9 @@ def test_without_plotly_compare_writes_its_other_files_and_names_the_extra(compa
 def test_documented_errors(compared):
     with pytest.raises(ValueError, match="result must be a comparison result"):
         html_report.comparison_report({"rows": []})
+    rows = [{key: value for key, value in row.items() if key != "improved"} for row in compared["result"]["rows"]]
+    with pytest.raises(ValueError, match=r"it lacks \['improved'\]"):  # the verdicts are compare's: none re-derived here
+        html_report.comparison_report({**compared["result"], "rows": rows})
     with pytest.raises(ValueError, match="class_names has 2 names but the comparison has 10 classes"):
         html_report.comparison_report(compared["result"], class_names=["zero", "one"])
     with pytest.raises(ValueError, match="accumulator must be a CalibrationMetrics"):
