@@ -25,6 +25,7 @@ import dataclasses
 import datetime as dt
 import gc
 import importlib
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -101,11 +102,18 @@ def load_average() -> Tuple[float, ...]:
 
 
 def versions(packages: Iterable[str]) -> str:
-    """``Python 3.11.7, torch 2.x, ...`` for the named importable packages."""
+    """``Python 3.11.7, torch 2.x, ...`` for the named importable packages (a module without ``__version__``, such as
+    probmetrics, by its installed distribution's version)."""
     parts = [f"Python {platform.python_version()}"]
     for name in packages:
         module = importlib.import_module(name)
-        parts.append(f"{name} {getattr(module, '__version__', '?')}")
+        version = getattr(module, "__version__", None)
+        if version is None:
+            try:
+                version = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                version = "?"
+        parts.append(f"{name} {version}")
     return ", ".join(parts)
 
 

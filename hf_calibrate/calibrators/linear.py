@@ -25,7 +25,7 @@ folds are fitted one by one and the choice refitted on all the data. K is 5, or 
 (:class:`.holdout.FoldLayout`): 3 fits, 19 logsumexp passes for vector at 50,000 × 1,000. ``l2_grid`` widens
 the selection (strongest first, each fold warm-started from its previous candidate, the lowest cross-fitted
 NLL); a number ``l2`` is one fit, as ``method="auto"`` fits these maps (its paired rule against TS is the
-check). Vector scaling takes block-Newton steps (:mod:`.vector_newton`), matrix and Dirichlet L-BFGS on Δ
+check). Vector scaling takes Newton steps (:mod:`.vector_newton`), matrix and Dirichlet L-BFGS on Δ
 through :func:`.linear_maps.isotropic_scale`'s variables (:mod:`.lbfgs`: a time warning before a long fit, a
 progress bar, Ctrl-C keeps the best state), once their :data:`.linear_maps.CHECKED_MATRIX_FOOTPRINT` is known to fit
 in memory (:mod:`.memory`).
@@ -164,8 +164,8 @@ class _Check:
         self.map, self.options, self.layout, self.folds = linear_map, options, FoldLayout(folds), len(folds)
         self.x, self.labels, groups = self.layout.arrange(x), self.layout.arrange(labels), self.layout.arrange(groups)
         #: problem 0 is the fit on all rows, problem k + 1 fold k's (each fold's rows copied in turn, when not a view)
-        self.betas = [beta] + [fit_inverse_temperature(self.layout.fitting(self.x, fold), self.layout.fitting(self.labels, fold))[0]
-                               for fold in range(self.folds)]
+        self.betas = [beta] + [fit_inverse_temperature(self.layout.fitting(self.x, fold), self.layout.fitting(self.labels, fold),
+                                                       start=beta)[0] for fold in range(self.folds)]
         self.distinct = [distinct_rows(groups)] + [distinct_rows(self.layout.fitting(groups, fold)) for fold in range(self.folds)]
         self.starts = [linear_map.at_temperature(b, x.shape[1], x.dtype, x.device) for b in self.betas]
         self.joint = linear_map.fits_jointly(self.folds + 1, *x.shape)

@@ -4,7 +4,7 @@ Each map's fit solves P problems over the same (N, C) features at once (:class:`
 all rows; a cross-fitted check on small data stacks the fit on all rows and its K folds' fits, each problem holding
 its own rows (the others weigh 0), its own temperature β, ridge and start. Their objectives add up without sharing a
 parameter, so the sum's minimum is every problem's own minimum, and one run of the optimiser finds them all: vector
-scaling's block-Newton steps (:mod:`.vector_newton`) take each problem's step and line search apart on shared passes;
+scaling's Newton steps (:mod:`.vector_newton`) take each problem's step and line search apart on shared passes;
 matrix and Dirichlet calibration run one L-BFGS (:mod:`.lbfgs`) on the stacked (P, C, C) maps.
 """
 
@@ -111,7 +111,7 @@ def _vector_at_temperature(beta: float, classes: int, dtype: torch.dtype, device
 
 def _vector_fit(x: torch.Tensor, labels: torch.Tensor, problems: Problems, max_iter: int,
                 description: str) -> Tuple[List[Parameters], Dict[str, Any]]:
-    """Block-Newton (:func:`.vector_newton.fit_vector_scaling`) with each problem's ρ_diagonal; Ctrl-C is not caught
+    """Newton steps (:func:`.vector_newton.fit_vector_scaling`) with each problem's ρ_diagonal; Ctrl-C is not caught
     (a fit is a few passes)."""
     betas = torch.tensor(problems.betas, dtype=torch.float64, device=x.device)
     strengths = torch.tensor([ridge[0] for ridge in problems.ridges], dtype=torch.float64, device=x.device)

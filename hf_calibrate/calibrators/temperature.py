@@ -93,7 +93,7 @@ def _newton(logits, labels, beta, low, high, tolerance, step_tolerance, max_iter
 
 
 def fit_inverse_temperature(
-    logits: torch.Tensor, labels: torch.Tensor, *, tolerance: float = 1e-10, max_iter: int = 100
+    logits: torch.Tensor, labels: torch.Tensor, *, tolerance: float = 1e-10, max_iter: int = 100, start: float = 1.0
 ) -> Tuple[float, int]:
     """β = 1/T minimising the NLL of softmax(β·logits); returns (β, Newton passes over all the logits).
 
@@ -103,7 +103,9 @@ def fit_inverse_temperature(
     (relative 1e-6 in float32, 1e-12 in float64). Large inputs start from the optimum of a
     strided subsample of :data:`WARM_START_ROWS` rows (within sampling error, ~1/√2048 ≈ 2%),
     so two passes over all the logits usually suffice; each pass costs about one
-    ``torch.logsumexp`` over them (benchmarks/results/logit_fits.md).
+    ``torch.logsumexp`` over them (benchmarks/results/logit_fits.md). Smaller ones start from ``start``
+    (in the bounds; e.g. the β of rows these are a part of): where it starts changes the passes, not the β
+    returned, which is the optimum to the precision above.
     Logits holding NaN or ±inf are refused (:class:`~hf_calibrate.metrics.NonFiniteError`).
     Where the NLL has no minimum (separable rows, or logits below chance: see
     :func:`warn_if_without_minimum`) the bound it falls towards is returned, after one pass.
@@ -114,7 +116,7 @@ def fit_inverse_temperature(
     if reason is not None:
         return (high if reason == "separable" else low), 1
     step_tolerance = 1e-12 if logits.dtype == torch.float64 else 1e-6
-    beta = 1.0
+    beta = min(max(start, low), high)
     if logits.shape[0] > 4 * WARM_START_ROWS:
         stride = logits.shape[0] // WARM_START_ROWS
         beta, _ = _newton(logits[::stride], labels[::stride], beta, low, high, tolerance, 1e-3, max_iter)

@@ -1,19 +1,24 @@
-"""Vector scaling's fit: Newton steps with the exact per-class 2×2 Hessian blocks, one pass each.
+"""Vector scaling's fit: Newton steps, one pass over the logits each.
 
-The mean NLL of softmax(a ⊙ z + b) is convex in (a, b). Its gradient and the diagonal blocks
-of its Hessian (for class c: ∂²/∂a_c², ∂²/∂a_c∂b_c, ∂²/∂b_c²) are column sums over the samples,
-so one pass over the logits, chunk by cache-sized chunk, gives the loss, the gradient and
-the blocks together. The blocks ignore the coupling between classes through the softmax
-normaliser; the Hessian is a weighted graph Laplacian (each diagonal entry is the sum of its
-row's off-diagonal magnitudes), so it is at most twice its block diagonal and the block-Newton
-step is at most twice too long along any direction: an Armijo backtracking line search, whose
-trial pass is the next iteration's pass, makes it safe. At 1,000 classes the coupling is weak
-and 2–3 iterations suffice (benchmarks/results/logit_fits.md); with 2 classes it is strongest
-(about a dozen). Scales stay within :data:`SCALE_BOUNDS` (a projected Newton step: a class at
-a bound whose gradient points outwards keeps its scale and moves only its bias).
+The mean NLL of softmax(a ⊙ z + b) is convex in (a, b). Its gradient and Hessian are sums over
+the samples, so one pass over the logits, chunk by cache-sized chunk, gives the loss, the gradient
+and the curvature together. Two kinds of step:
+
+* **Full Newton** (up to :data:`FULL_NEWTON_MAX_CLASSES` classes): the whole (2C × 2C) Hessian, whose
+  cross-class part is the outer product of the rows' (p ⊙ z, p): P·N·4C² more multiply-adds a pass,
+  repaid by quadratic convergence (5–6 iterations at 10 classes where the block steps took 15).
+* **Block Newton** (above it): the exact per-class 2×2 Hessian blocks (∂²/∂a_c², ∂²/∂a_c∂b_c,
+  ∂²/∂b_c²), ignoring the coupling between classes through the softmax normaliser. The Hessian is a
+  weighted graph Laplacian (each diagonal entry is the sum of its row's off-diagonal magnitudes), so it
+  is at most twice its block diagonal and the block step is at most twice too long along any direction.
+  At 1,000 classes the coupling is weak and 2–3 iterations suffice (benchmarks/results/logit_fits.md).
+
+An Armijo backtracking line search, whose trial pass is the next iteration's pass, makes either safe.
+Scales stay within :data:`SCALE_BOUNDS` (a projected Newton step: a class at a bound whose gradient
+points outwards keeps its scale and moves only its bias).
 
 The objective may add :class:`TowardsTemperature`, a ridge towards the temperature-scaling solution that is
-separable by class, so its Hessian blocks are exact and the steps unchanged in kind.
+separable by class, so it adds to the Hessian's per-class blocks only.
 """
 
 from __future__ import annotations
@@ -33,10 +38,13 @@ MAX_HALVINGS = 20
 #: the scales a_c are kept in [1e-4, 1e4] (just inside): the range a saved artifact allows for
 #: exp(log_scale). A class whose optimum lies beyond a bound (e.g. a negative scale) is held there.
 SCALE_BOUNDS = (1.01e-4, 1e4 / 1.01)
+#: classes up to which the steps use the full Hessian (module docstring); above it, its 2×2 blocks
+FULL_NEWTON_MAX_CLASSES = 24
 
 
 def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                        rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                        rows: Optional[torch.Tensor] = None,
+                        coupled: bool = False) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """For each of P problems on the same (N, C) ``logits`` and (N,) ``labels``, the mean NLL of softmax(a ⊙ z + b) over
     its rows, and its per-class sums / rows: Σ p·z and Σ p (the gradient before the label terms), Σ z²q, Σ z·q and Σ q
     with q = p(1 − p).
@@ -52,6 +60,8 @@ def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch
     scale, bias = scale.to(logits.dtype)[:, None, :], bias.to(logits.dtype)[:, None, :]
     sums = torch.zeros(5, problems, logits.shape[1], dtype=torch.float64, device=logits.device)
     loss = torch.zeros(problems, dtype=torch.float64, device=logits.device)
+    products = torch.zeros(problems, 2 * logits.shape[1], 2 * logits.shape[1], dtype=torch.float64,
+                           device=logits.device) if coupled else None
     for start in range(0, logits.shape[0], chunk):
         z, y, member = logits[start : start + chunk], labels[start : start + chunk], rows[:, None, start : start + chunk]
         shifted = torch.addcmul(bias, z, scale)  # (P, n, C)
@@ -63,13 +73,19 @@ def vector_scaling_pass(logits: torch.Tensor, labels: torch.Tensor, scale: torch
         probs.div_(total)
         curvature = torch.addcmul(probs, probs, probs, value=-1)
         weighted = curvature * z
-        sums[0] += torch.bmm(member, probs.mul(z)).squeeze(1).double()  # (P, 1, n) @ (P, n, C): the column sums
+        spread = probs.mul(z)
+        sums[0] += torch.bmm(member, spread).squeeze(1).double()  # (P, 1, n) @ (P, n, C): the column sums
         sums[1] += torch.bmm(member, probs).squeeze(1).double()
+        if products is not None:
+            rows_u = torch.cat([spread, probs], dim=2)  # (P, n, 2C)
+            products += torch.bmm(rows_u.mul(member.transpose(1, 2)).transpose(1, 2), rows_u).double()
         sums[3] += torch.bmm(member, weighted).squeeze(1).double()
         sums[2] += torch.bmm(member, weighted.mul_(z)).squeeze(1).double()
         sums[4] += torch.bmm(member, curvature).squeeze(1).double()
     counts = rows.double().sum(dim=1)
-    return loss / counts, sums / counts[:, None]
+    if products is not None:
+        products /= counts[:, None, None]
+    return loss / counts, sums / counts[:, None], products
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +114,9 @@ class TowardsTemperature:
         return value, gradient, blocks
 
 
-#: (scale, bias, objective, gradient, Hessian blocks) of P problems at one point: (P, C), (P, C), (P,), (2, P, C),
-#: (3, P, C)
-State = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+#: (scale, bias, objective, gradient, Hessian blocks, coupling) of P problems at one point: (P, C), (P, C), (P,),
+#: (2, P, C), (3, P, C) and the Hessian's cross-class part (P, 2C, 2C) for full Newton steps, else (P, 0, 0)
+State = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def fit_vector_scaling(
@@ -128,11 +144,14 @@ def fit_vector_scaling(
     true_logits = logits.gather(1, labels[:, None]).squeeze(1).double()
     true_sum = torch.zeros_like(count).index_add_(1, labels, member * true_logits) / counts
     penalty = TowardsTemperature(strength.double().reshape(-1, 1), beta.double().reshape(-1, 1))
+    full = classes <= FULL_NEWTON_MAX_CLASSES
+    uncoupled = torch.zeros(problems, 0, 0, dtype=torch.float64, device=logits.device)
 
     def evaluate(scale: torch.Tensor, bias: torch.Tensor) -> State:
-        nll, sums = vector_scaling_pass(logits, labels, scale, bias, rows)
+        nll, sums, products = vector_scaling_pass(logits, labels, scale, bias, rows, coupled=full)
         value, gradient, blocks = penalty.terms(scale, bias)
-        return scale, bias, nll + value, torch.stack([sums[0] - true_sum, sums[1] - count]) + gradient, sums[2:] + blocks
+        return (scale, bias, nll + value, torch.stack([sums[0] - true_sum, sums[1] - count]) + gradient, sums[2:] + blocks,
+                uncoupled if products is None else products)
 
     state = evaluate(start[0].double().clamp(*SCALE_BOUNDS), start[1].double())
     threshold = (torch.finfo(logits.dtype).eps * state[2].abs()).clamp_min(1e-10)
@@ -140,7 +159,7 @@ def fit_vector_scaling(
     decrement = torch.full((problems,), math.inf, dtype=torch.float64, device=logits.device)
     passes, iterations = 1, torch.zeros(problems, dtype=torch.long, device=logits.device)
     while bool(active.any()):
-        step_scale, step_bias = _newton_direction(state[3], state[4], state[0])
+        step_scale, step_bias = _newton_direction(state)
         decrement = torch.where(active, -(step_scale * state[3][0] + step_bias * state[3][1]).sum(1), decrement)
         active &= decrement / 2 > threshold  # the predicted decrease is below the logits' precision
         if not bool(active.any()):
@@ -156,7 +175,58 @@ def fit_vector_scaling(
     return state[0], state[1], summary
 
 
-def _newton_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _newton_direction(state: State) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each problem's (P, C) steps in scale and bias: the full Newton step where ``state`` holds the coupling and that
+    step is a descent direction inside the scale bounds (:func:`_full_direction`), else the block step
+    (:func:`_block_direction`)."""
+    step_scale, step_bias = _block_direction(state[3], state[4], state[0])
+    if state[5].numel() == 0:
+        return step_scale, step_bias
+    full_scale, full_bias = _full_direction(state)
+    gradient = state[3]
+    descends = torch.isfinite(full_scale).all(1) & torch.isfinite(full_bias).all(1) & (
+        (full_scale * gradient[0] + full_bias * gradient[1]).sum(1) < 0)
+    return (torch.where(descends[:, None], full_scale, step_scale), torch.where(descends[:, None], full_bias, step_bias))
+
+
+def _full_direction(state: State) -> Tuple[torch.Tensor, torch.Tensor]:
+    """−H⁻¹ g with the whole (2C × 2C) Hessian of each problem (:func:`full_hessian`); NaN for a problem where the
+    system does not solve, or where a class is held at a scale bound or the step would cross one: near the bounds the
+    block steps, which stop each class at its bound on its own, go on."""
+    scale, gradient = state[0], state[3]
+    classes = scale.shape[1]
+    hessian = full_hessian(state[4], state[5])
+    trace = hessian.diagonal(dim1=1, dim2=2).sum(1).abs().clamp_min(1e-300)
+    hessian = hessian + torch.diag_embed((1e-12 * trace / (2 * classes))[:, None].expand(-1, 2 * classes))
+    grad = torch.cat([gradient[0], gradient[1]], dim=1)
+    step = -torch.linalg.solve_ex(hessian, grad.unsqueeze(2))[0].squeeze(2)
+    step_scale, step_bias = step[:, :classes], step[:, classes:]
+    low, high = SCALE_BOUNDS
+    inside = ((scale + step_scale > low) & (scale + step_scale < high)).all(1) & ~_held(scale, gradient[0]).any(1)
+    return step_scale.masked_fill(~inside[:, None], math.nan), step_bias
+
+
+def full_hessian(blocks: torch.Tensor, coupling: torch.Tensor) -> torch.Tensor:
+    """The (P, 2C, 2C) Hessian in (a_1 … a_C, b_1 … b_C) of P problems from their (3, P, C) per-class blocks (aa, ab,
+    bb) and the (P, 2C, 2C) Σ uᵀu / rows of :func:`vector_scaling_pass`: −uᵀu off the blocks' entries, the blocks on
+    them (each Hessian entry of the softmax NLL is δ_cd E[p_c …] − E[p_c p_d …])."""
+    classes = blocks.shape[2]
+    hessian = -coupling.clone()
+    diagonal = torch.arange(classes, device=blocks.device)
+    hessian[:, diagonal, diagonal] = blocks[0]
+    hessian[:, diagonal, diagonal + classes] = blocks[1]
+    hessian[:, diagonal + classes, diagonal] = blocks[1]
+    hessian[:, diagonal + classes, diagonal + classes] = blocks[2]
+    return hessian
+
+
+def _held(scale: torch.Tensor, grad_scale: torch.Tensor) -> torch.Tensor:
+    """(P, C) True where a class's scale is at a bound of :data:`SCALE_BOUNDS` and its gradient points outwards."""
+    low, high = SCALE_BOUNDS
+    return ((scale <= low) & (grad_scale > 0)) | ((scale >= high) & (grad_scale < 0))
+
+
+def _block_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """−H_c⁻¹ g_c for each class's 2×2 block (of each problem: (2, P, C) gradient, (3, P, C) blocks, (P, C) scale),
     shortened per class to stop at a scale bound; a class held at a bound (its gradient pointing outwards) takes the
     1-D Newton step in its bias only."""
@@ -167,7 +237,7 @@ def _newton_direction(gradient: torch.Tensor, blocks: torch.Tensor, scale: torch
     step_scale = -((h_bb + ridge) * grad_scale - h_ab * grad_bias) / determinant
     step_bias = -((h_aa + ridge) * grad_bias - h_ab * grad_scale) / determinant
     low, high = SCALE_BOUNDS
-    held = ((scale <= low) & (grad_scale > 0)) | ((scale >= high) & (grad_scale < 0))
+    held = _held(scale, grad_scale)
     step_scale = torch.where(held, torch.zeros_like(step_scale), step_scale)
     step_bias = torch.where(held, -grad_bias / (h_bb + ridge), step_bias)
     step_scale, step_bias = (torch.nan_to_num(step, nan=0.0, posinf=0.0, neginf=0.0) for step in (step_scale, step_bias))
@@ -200,6 +270,6 @@ def _line_search(
 
 def _merged(state: State, new_state: State, take: torch.Tensor) -> State:
     """``state`` with the problems of (P,) ``take`` from ``new_state``."""
-    scale, bias, value, gradient, blocks = (torch.where(take.view(shape), new, old) for new, old, shape in zip(
-        new_state, state, ((-1, 1), (-1, 1), (-1,), (1, -1, 1), (1, -1, 1))))
-    return scale, bias, value, gradient, blocks
+    scale, bias, value, gradient, blocks, coupling = (torch.where(take.view(shape), new, old) for new, old, shape in zip(
+        new_state, state, ((-1, 1), (-1, 1), (-1,), (1, -1, 1), (1, -1, 1), (-1, 1, 1))))
+    return scale, bias, value, gradient, blocks, coupling

@@ -74,7 +74,7 @@ def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(
     logits, labels = _logits(3000, 300, 2)
     scale = (0.4 + 0.2 * torch.rand(300, generator=torch.Generator().manual_seed(3))).double()
     bias = 0.3 * torch.randn(300, generator=torch.Generator().manual_seed(4)).double()
-    loss, sums = vector_scaling_pass(logits.to(dtype), labels, scale[None], bias[None])
+    loss, sums, _ = vector_scaling_pass(logits.to(dtype), labels, scale[None], bias[None])
     loss, sums = float(loss[0]), sums[:, 0]
 
     z = logits.double()
@@ -92,6 +92,49 @@ def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(
     torch.testing.assert_close(sums[2:, :3], expected, rtol=10 * tolerance, atol=10 * tolerance)
 
 
+def test_the_vector_pass_coupling_completes_the_hessian_of_autograd():
+    """With ``coupled=True`` the pass's Σ uᵀu, joined to its 2×2 blocks (``full_hessian``), is the whole (2C × 2C)
+    Hessian of the mean NLL in (a, b) that autograd gives, over more rows than one chunk."""
+    from hf_calibrate.calibrators.vector_newton import full_hessian
+
+    logits, labels = _logits(3000, 7, 8)
+    generator = torch.Generator().manual_seed(9)
+    scale, bias = (0.4 + 0.5 * torch.rand(7, generator=generator)).double(), 0.3 * torch.randn(7, generator=generator).double()
+    _, sums, coupling = vector_scaling_pass(logits.double(), labels, scale[None], bias[None], coupled=True)
+
+    def nll(parameters: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.double() * parameters[:7] + parameters[7:], labels)
+
+    expected = torch.autograd.functional.hessian(nll, torch.cat([scale, bias]))
+    torch.testing.assert_close(full_hessian(sums[2:], coupling)[0], expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("classes", [2, 10, 24])
+def test_full_newton_steps_reach_the_block_steps_optimum_in_fewer_iterations(classes, monkeypatch):
+    """Up to ``FULL_NEWTON_MAX_CLASSES`` the steps use the whole Hessian: the same optimum as the block steps (to the
+    fits' tolerance), in at most 6 iterations (quadratic convergence), fewer than the block steps."""
+    from hf_calibrate.calibrators import vector_newton
+
+    logits, labels = _logits(600, classes, 10)
+    problems = 2
+    beta = torch.full((problems,), 0.5, dtype=torch.float64)
+    start = (beta[:, None].expand(problems, classes).clone(), torch.zeros(problems, classes, dtype=torch.float64))
+    rows = torch.ones(problems, 600, dtype=torch.bool)
+    rows[1, ::3] = False
+    strength = torch.tensor([classes / 600, 0.0], dtype=torch.float64)  # a ridge, and none
+    fits = {}
+    for limit in (classes, 0):
+        monkeypatch.setattr(vector_newton, "FULL_NEWTON_MAX_CLASSES", limit)
+        fits[limit] = vector_newton.fit_vector_scaling(logits.double(), labels, beta, 100, strength, start, rows)
+    (full_scale, full_bias, full), (block_scale, block_bias, block) = fits[classes], fits[0]
+    assert full["iterations"] <= 6 and full["iterations"] < block["iterations"], (full, block)
+    for ours, theirs in zip(full["loss"], block["loss"]):
+        assert ours <= theirs + 1e-9
+    torch.testing.assert_close(full_scale, block_scale, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(full_bias - full_bias.mean(1, keepdim=True), block_bias - block_bias.mean(1, keepdim=True),
+                               rtol=1e-3, atol=1e-3)
+
+
 def test_the_vector_pass_of_stacked_problems_is_each_problems_pass_on_its_rows():
     """P problems in one pass (``rows``: each problem's rows) give each problem's loss and sums on its rows alone."""
     logits, labels = _logits(700, 12, 5)
@@ -99,10 +142,10 @@ def test_the_vector_pass_of_stacked_problems_is_each_problems_pass_on_its_rows()
     rows = torch.rand(3, 700, generator=generator) < torch.tensor([[1.0], [0.8], [0.5]])
     scale = (0.3 + torch.rand(3, 12, generator=generator)).double()
     bias = 0.2 * torch.randn(3, 12, generator=generator).double()
-    loss, sums = vector_scaling_pass(logits.double(), labels, scale, bias, rows)
+    loss, sums, _ = vector_scaling_pass(logits.double(), labels, scale, bias, rows)
     for problem in range(3):
         own = rows[problem]
-        alone, alone_sums = vector_scaling_pass(logits.double()[own], labels[own], scale[problem:problem + 1], bias[problem:problem + 1])
+        alone, alone_sums, _ = vector_scaling_pass(logits.double()[own], labels[own], scale[problem:problem + 1], bias[problem:problem + 1])
         assert float(loss[problem]) == pytest.approx(float(alone[0]), rel=1e-12)
         torch.testing.assert_close(sums[:, problem], alone_sums[:, 0], rtol=1e-10, atol=1e-12)
 
@@ -175,3 +218,15 @@ def test_the_plain_fit_functions_take_labels_as_users_hold_them_and_refuse_bad_o
         function(logits, labels + 3)
     with pytest.raises(ValueError, match=r"floating-point \(N, C\) tensor"):
         function(logits[0], labels)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_where_the_temperature_fit_starts_changes_its_passes_not_its_beta(dtype, tolerance):
+    """The checks start each fold's TS fit from the β of all rows: any start in the bounds gives the same optimum."""
+    from hf_calibrate.calibrators.temperature import fit_inverse_temperature
+
+    logits, labels = _logits(900, 6, 11)
+    reference, _ = fit_inverse_temperature(logits.to(dtype), labels)
+    for start in (1e-3, 0.2, 0.5, 3.0, 1e3, 1e6):
+        beta, _ = fit_inverse_temperature(logits.to(dtype), labels, start=start)
+        assert beta == pytest.approx(reference, rel=tolerance), start
