@@ -22,7 +22,7 @@ from _fidelity_common import NC_DEMO, cuda_is_a_no_op, global_rng, metrics_of, q
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
 from hf_calibrate.calibrators.neural_clamping import NeuralClamping, focal_loss
-from hf_calibrate.fitting.engine import Engine, EngineOptions
+from hf_calibrate.fitting.runtime.engine import Engine, EngineOptions
 from hf_calibrate.metrics import calibration_report
 
 

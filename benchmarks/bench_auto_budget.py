@@ -37,13 +37,13 @@ import bench_nc_time_to_quality as nc
 from _fidelity_common import zoo_pool
 from bench_quality import _paired_interval, _stratified_halves
 
-from hf_calibrate.fitting.auto import CANDIDATES
+from hf_calibrate.fitting.auto.selection import default_logit_candidates
 
 NAME = "auto_budget"
 MODELS = ("digits_cnn", "digits_vit")
 BUDGET = 3600.0
 ARMS = {"TS": ("temperature", {}), "auto": ("auto", {}), "auto + NC": ("auto", {"budget": BUDGET}),
-        "auto + MaC-Cal": ("auto", {"candidates": [*CANDIDATES, "mac_cal"]})}
+        "auto + MaC-Cal": ("auto", {"candidates": [*default_logit_candidates(), "mac_cal"]})}
 
 
 def run_seed(demo: Any, inputs: Dict[str, torch.Tensor], labels: torch.Tensor, seed: int) -> Dict[str, Any]:

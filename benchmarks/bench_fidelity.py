@@ -1,4 +1,4 @@
-"""Fidelity of our Neural Clamping, TST and V-TST against the authors' own code (issue 14).
+"""Fidelity of our Neural Clamping, TST and V-TST against the authors' own code.
 
 Both implementations run in one process on the same frozen zoo model (``hf_calibrate.demo``),
 the same tensors and the same hyper-parameters; differences and their causes are itemised in

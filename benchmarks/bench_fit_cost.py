@@ -1,4 +1,4 @@
-"""Fit cost of every logit method and of ``auto`` at the sizes users have, with probmetrics beside it (issue 41).
+"""Fit cost of every logit method and of ``auto`` at the sizes users have, with probmetrics beside it.
 
 Three sizes, each fitted on one set of cached logits and scored on another of the same size:
 
@@ -16,7 +16,7 @@ peak resident memory above what the process held before it (sampled every 2 ms),
 probmetrics' defaults: ``ts-mix`` (TS), ``svs`` (structured vector) and ``sms`` (structured matrix), fitted with
 ``fit_torch`` on the same logits. Each of our methods is set beside its closest peer (TS: ts-mix; vector and
 structured vector: svs; matrix, Dirichlet and structured matrix: sms) with the time ratio and the NLL difference; the
-issue's goal is ratio ≤ 1 at NLL ≤ peer + 0.002. ``auto`` is scored on its choice's held-out NLL.
+goal is ratio ≤ 1 at NLL ≤ peer + 0.002. ``auto`` is scored on its choice's held-out NLL.
 
 Usage::
 
@@ -45,11 +45,10 @@ NAME = "fit_cost"
 METHODS = ("temperature", "vector", "structured_vector", "matrix", "dirichlet", "structured_matrix", "histogram", "isotonic")
 PEER_OF = {"temperature": "ts-mix", "vector": "svs", "structured_vector": "svs", "matrix": "sms", "dirichlet": "sms",
            "structured_matrix": "sms"}
-#: the issue's goals for auto, seconds, by size label
+#: the goals for auto's fit time, seconds, by size label
 AUTO_GOAL = {"digits": 1.0, "5000x100": 30.0, "25000x1000": 600.0}
 #: peers not run at a size, with the reason
-SKIPPED_PEERS = {"25000x1000": {"sms": "not run: probmetrics fits its 10⁶ weights with torchmin's L-BFGS in float64; "
-                                       "the issue's table has no sms row at this size either"}}
+SKIPPED_PEERS = {"25000x1000": {"sms": "not run: probmetrics fits its 10⁶ weights with torchmin's L-BFGS in float64"}}
 Predict = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -141,9 +140,9 @@ def ours(method: str) -> Callable[[torch.Tensor, torch.Tensor], Predict]:
 def auto(logits: torch.Tensor, labels: torch.Tensor) -> Predict:
     """``method="auto"`` on the cached logits, as ``CalibratedModel.fit`` runs it after its one pass of the base."""
     from hf_calibrate.calibrators.holdout import content_groups, cross_fitting_folds, default_folds
-    from hf_calibrate.fitting.auto import CANDIDATES, choose
-    from hf_calibrate.fitting.auto_scoring import score_candidates
-    from hf_calibrate.fitting.engine import Engine, EngineOptions
+    from hf_calibrate.fitting.auto.selection import choose, default_logit_candidates
+    from hf_calibrate.fitting.auto.scoring import score_candidates
+    from hf_calibrate.fitting.runtime.engine import Engine, EngineOptions
 
     class NoBar:
         def update(self, count: int) -> None:
@@ -151,7 +150,7 @@ def auto(logits: torch.Tensor, labels: torch.Tensor) -> Predict:
 
     groups = content_groups(logits)
     folds = cross_fitting_folds(labels, default_folds(None, *logits.shape), 0, groups)
-    scored = score_candidates(list(CANDIDATES), logits, labels, folds, Engine(EngineOptions()), NoBar(), groups)
+    scored = score_candidates(list(default_logit_candidates()), logits, labels, folds, Engine(EngineOptions()), NoBar(), groups)
     method = choose(scored, groups).method
     calibrator = next(entry.fitted[0] for entry in scored if entry.method == method)
     auto.chosen = method  # type: ignore[attr-defined]
@@ -242,7 +241,7 @@ def size_table(size: str, title: str, rows: Dict[str, Row], shape: Tuple[int, in
             goal = f"≤ {AUTO_GOAL[size]:g} s: {'met' if row.seconds <= AUTO_GOAL[size] else 'not met'}"
         table_rows.append((label, seconds, peak, estimate, nll, versus_ts, goal, row.note))
     headers = ("fit", "time", "peak memory (RSS above start)", "estimated before the fit", "held-out NLL", "NLL − TS",
-               "goal (issue 41)", "note")
+               "goal", "note")
     return [f"### {title}", "", *_report.table(headers, table_rows, "lrrrrrll"), ""]
 
 
@@ -258,7 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for size, title, data in problems(sizes):
         print(title, flush=True)
         lines += size_table(size, title, measure_size(size, data, peers_ok, args.repeats), tuple(data[0].shape))
-    title = "Fit cost at the sizes users have, with probmetrics beside it (issue 41)"
+    title = "Fit cost at the sizes users have, with probmetrics beside it"
     lines = [*session.header(title, ["torch", "probmetrics"]), "", *lines, *NOTES]
     session.finish("\n".join(lines) + "\n", NAME, write_default=not args.quick)
     return 0

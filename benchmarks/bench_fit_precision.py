@@ -1,4 +1,4 @@
-"""From how many logits should a logit fit work in float32? Time and held-out NLL of both precisions (issue 41).
+"""From how many logits should a logit fit work in float32? Time and held-out NLL of both precisions.
 
 A logit fit works in float64 up to ``memory.FLOAT64_MAX_ELEMENTS`` logit values (rows × classes), in float32 above;
 probmetrics works in float32 on float32 logits at every size. For every logit method, at sizes around the threshold,
@@ -100,7 +100,7 @@ NOTES = [
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    title = "Logit fits in float32 against float64, around the precision threshold (issue 41)"
+    title = "Logit fits in float32 against float64, around the precision threshold"
     return _report.run_once("bench_fit_precision.py", __doc__, title, report_lines, NOTES, NAME, argv)
 
 

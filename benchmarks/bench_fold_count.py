@@ -1,11 +1,11 @@
-"""How many folds the default checks need on large logits: 5 against 2, paired (issue 41).
+"""How many folds the default checks need on large logits: 5 against 2, paired.
 
 Vector, matrix and Dirichlet check their ridge against TS, and histogram binning and isotonic regression their prior,
 by K-fold cross-fitted NLL; ``method="auto"`` scores its candidates on K folds too. Each check costs K fits on
-(K − 1)/K of the rows: 4 data-sized fits at K = 5, 1 at K = 2. Since issue 41, K is 2 from
-``holdout.LARGE_LOGITS`` (10⁷) logit values on, 5 below (``holdout.default_folds``). This script fits every such
-method (and ``auto``) with K = 5 everywhere (the rule before) and K = 2 everywhere (the rule now, at these sizes) on
-the same logits and compares, on a second draw of the same size:
+(K − 1)/K of the rows: 4 data-sized fits at K = 5, 1 at K = 2. K is 2 from ``holdout.LARGE_LOGITS`` (10⁷)
+logit values on, 5 below (``holdout.default_folds``). This script fits every such method (and ``auto``) with K = 5
+everywhere (the rule below the threshold) and K = 2 everywhere (the rule at these sizes) on the same logits and
+compares, on a second draw of the same size:
 
 * what each check chose (λ or TS, the prior m or TS, auto's method),
 * its time (one fit each; one torch thread), and
@@ -29,7 +29,7 @@ import math
 import time
 import warnings
 from unittest import mock
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -132,7 +132,7 @@ NOTES = [
     "- `auto` runs every logit candidate on all rows and on K folds, and is scored on its choice's held-out NLL.",
     "- At 50,000 × 1,000, where TS is the truth (its held-out NLL on the same draws: 5.7967, results/logit_fits.md), "
     "auto and the binning priors kept TS with either K; vector's check chose λ = 1 with 2 folds, +.0002 [−.0000, "
-    "+.0004] above TS. (On folds dealt by class, before issue 41, auto chose structured matrix there, 5.8014: "
+    "+.0004] above TS. (On folds dealt by class instead of at random, auto chose structured matrix there, 5.8014: "
     "results/fold_leak.md says why.)",
 ]
 
@@ -146,7 +146,7 @@ def report_lines(args: argparse.Namespace) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    title = "Folds of the default checks on large logits: 5 against 2 (issue 41)"
+    title = "Folds of the default checks on large logits: 5 against 2"
     return _report.run_once("bench_fold_count.py", __doc__, title, report_lines, NOTES, NAME, argv)
 
 

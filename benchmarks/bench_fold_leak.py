@@ -1,14 +1,14 @@
-"""Do class-stratified folds flatter maps with per-class biases? Cross-fitted scores against a new draw (issue 41).
+"""Do class-stratified folds flatter maps with per-class biases? Cross-fitted scores against a new draw.
 
-Until issue 41 ``holdout.fold_assignment`` dealt each class's rows evenly over the folds (this script's
-:func:`stratified_assignment`), so each fold's fitting rows held the held-out rows' class frequencies exactly. A map
-with per-class biases can learn those frequencies, which a new draw will not share. Where TS is the truth (labels
-drawn from ``softmax(z / 2)``), no map can beat TS on new data, so a cross-fitted score below TS measures that
-optimism.
+Folds dealt by class (this script's :func:`stratified_assignment`, in place of ``holdout.fold_assignment``'s random
+deal) put each class's rows evenly over the folds, so each fold's fitting rows hold the held-out rows' class
+frequencies exactly. A map with per-class biases can learn those frequencies, which a new draw will not share. Where
+TS is the truth (labels drawn from ``softmax(z / 2)``), no map can beat TS on new data, so a cross-fitted score below
+TS measures that optimism.
 Per size, for each candidate of ``method="auto"`` among the maps below, this script gives:
 
-* its cross-fitted NLL − TS on stratified folds (the rule before), and on the library's folds (rows dealt at random,
-  ``holdout.cross_fitting_folds``, the rule since);
+* its cross-fitted NLL − TS on stratified folds, and on the library's folds (rows dealt at random,
+  ``holdout.cross_fitting_folds``);
 * its NLL − TS on a new draw, fitted on all the rows: the truth the cross-fitted score estimates; and
 * what ``auto``'s rule (``fitting.auto.choose``) chose on each deal, with the new-draw NLL − TS of that choice.
 
@@ -50,9 +50,9 @@ DEALS = ("stratified", "random")
 
 def stratified_assignment(labels: torch.Tensor, folds: int, seed: int,
                           groups: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A stand-in for ``holdout.fold_assignment`` that deals by class, as the library did before issue 41: the rows (or
-    content groups) shuffled by the same seeded generator, each class's then dealt round-robin over the folds, one
-    class after another."""
+    """A stand-in for ``holdout.fold_assignment`` that deals by class instead of at random: the rows (or content
+    groups) shuffled by the same seeded generator, each class's then dealt round-robin over the folds, one class after
+    another."""
     from hf_calibrate.calibrators import holdout
 
     first, member = holdout._first_rows(groups, len(labels))
@@ -76,9 +76,9 @@ def dealt(deal: str) -> ContextManager[Any]:
 def one_seed(count: int, classes: int, seed: int, maps: Sequence[str], new_rows: int) -> Dict[str, Dict[str, float]]:
     """{deal: {map: cross-fitted NLL − TS, "chose <map>": new-draw NLL − TS}, "new": {map: new-draw NLL − TS}}."""
     from hf_calibrate.calibrators.holdout import content_groups, cross_fitting_folds, default_folds
-    from hf_calibrate.fitting.auto import choose
-    from hf_calibrate.fitting.auto_scoring import score_candidates
-    from hf_calibrate.fitting.engine import Engine, EngineOptions
+    from hf_calibrate.fitting.auto.selection import choose
+    from hf_calibrate.fitting.auto.scoring import score_candidates
+    from hf_calibrate.fitting.runtime.engine import Engine, EngineOptions
 
     class NoBar:
         def update(self, count: int) -> None:
@@ -185,7 +185,7 @@ NOTES = [
     "101 + 2s), so TS is the true model and every map's true NLL − TS is ≥ 0.",
     "- Folds: the library's default count (5 at 449 × 10 and 5,000 × 100, 2 at 20,000 × 1,000), seed 0. Random: the "
     "library's `holdout.cross_fitting_folds`. Stratified: the same, its `fold_assignment` replaced by this script's "
-    "`stratified_assignment`, the library's rule before issue 41 (same seeded shuffle, then dealt by class).",
+    "`stratified_assignment` (same seeded shuffle, then dealt by class).",
     "- Each map is fitted as auto fits it (`fitting.auto_scoring.score_candidates`: its fit on all the rows is the "
     "one scored on the new draw).",
     "- The zoo: each model's calibration ∪ test rows (`bench_safe_defaults.cached_logits`), split per seed (0–9) into "
@@ -202,7 +202,7 @@ def report_lines(args: argparse.Namespace) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    title = "Folds dealt by class flatter per-class maps, folds dealt at random do not: cross-fitted scores against a new draw (issue 41)"
+    title = "Folds dealt by class flatter per-class maps, folds dealt at random do not: cross-fitted scores against a new draw"
     return _report.run_once("bench_fold_leak.py", __doc__, title, report_lines, NOTES, NAME, argv)
 
 

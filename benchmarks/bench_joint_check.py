@@ -1,4 +1,4 @@
-"""Where should a linear map's check fit its folds jointly? Joint against one by one, time and scores (issue 41).
+"""Where should a linear map's check fit its folds jointly? Joint against one by one, time and scores.
 
 The default check of vector, matrix and Dirichlet calibration (λ = 1 against TS by K-fold cross-fitting, then the
 fit on all rows) is K + 1 fits. ``LinearMap.fits_jointly`` decides whether they run as one joint fit of stacked
@@ -39,7 +39,8 @@ MATRIX_SKIPPED = ("10000x100", "20000x50")
 def fit_once(method: str, joint: bool, logits: torch.Tensor, labels: torch.Tensor) -> Tuple[float, Dict[str, float], bool]:
     """Seconds of one default fit of ``method`` with ``fits_jointly`` forced to ``joint``, its cross-fitted scores,
     and whether the library's own rule fits jointly there."""
-    from hf_calibrate.calibrators import calibrator_class, linear_maps
+    from hf_calibrate.calibrators import calibrator_class
+    from hf_calibrate.calibrators.solvers import linear_maps
     from hf_calibrate.calibrators.holdout import default_folds
 
     cls = calibrator_class(method)
@@ -99,7 +100,7 @@ NOTES = [
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    title = "A linear map's check fitted jointly against one fold at a time (issue 41)"
+    title = "A linear map's check fitted jointly against one fold at a time"
     return _report.run_once("bench_joint_check.py", __doc__, title, report_lines, NOTES, NAME, argv)
 
 

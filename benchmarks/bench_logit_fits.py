@@ -310,8 +310,8 @@ def report(session: _report.Session, results: Results) -> str:
         "with the ridge λ C/N per diagonal parameter and bias and λ C(C − 1)/N per off-diagonal weight (C² + C ≈ 10^6 "
         "parameters for matrix and Dirichlet); their default checks λ = 1 against TS by cross-fitted NLL on 2 folds at "
         "this size (5 below 10⁷ logit values: `holdout.default_folds`, results/fold_count.md) and refits the choice: "
-        "3 fits (issue 41; until then a path of up to 7 λ on 5 folds, 249 logsumexp passes for vector at this size, "
-        "then λ = 1 on 5 folds, 68.7). Histogram binning and isotonic regression choose their prior on the same 2 folds."
+        "3 fits (a path of up to 7 λ on 5 folds took 249 logsumexp passes for vector at this size, hence one candidate; "
+        "λ = 1 on 5 folds took 68.7). Histogram binning and isotonic regression choose their prior on the same 2 folds."
         + (" **Matrix and Dirichlet were left out of this run (`--skip-slow`)**; their rows give the bound the "
            "library announces (a warning) before such a fit, from one timed evaluation." if args.skip_slow else ""),
         (f"- Ours: `cls.create(C, cls.Options(...))` then `fit_logits(logits, labels, options)` with default options. "
@@ -329,7 +329,7 @@ def report(session: _report.Session, results: Results) -> str:
         ("- Ours TS is a safeguarded Newton iteration on β = 1/T, f' and f'' computed together chunk by "
         "cache-sized chunk with float64 accumulation (`hf_calibrate.calibrators.temperature`); vector scaling "
         "starts at the TS optimum and takes Newton steps with the exact per-class 2×2 Hessian blocks, a chunk's "
-        "column sums taken as matrix-vector products (`hf_calibrate.calibrators.vector_newton`); matrix/Dirichlet start at the TS optimum and run "
+        "column sums taken as matrix-vector products (`hf_calibrate.calibrators.solvers.vector_newton`); matrix/Dirichlet start at the TS optimum and run "
         "strong-Wolfe L-BFGS in float32 at this size (float64 up to 2^16 logit values: `memory.FLOAT64_MAX_ELEMENTS`)."),
         ("- The Guo et al. baseline is their published recipe (`nn.Parameter(torch.ones(1) * 1.5)`, "
         "`optim.LBFGS([temperature], lr=0.01, max_iter=50)`); with lr=0.01 it can stop far from the optimum — "

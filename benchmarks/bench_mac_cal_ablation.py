@@ -1,4 +1,4 @@
-"""Where MaC-Cal's gain comes from (issue 28 item 4): paired ablations of our reconstruction's parts.
+"""Where MaC-Cal's gain comes from: paired ablations of our reconstruction's parts.
 
 MaC-Cal (``hf_calibrate.calibrators.mac_cal``) is our reconstruction from the paper's abstract and
 one figure caption (docs/design.md §3.4). Each arm below changes one of the parts we chose and is
@@ -312,7 +312,7 @@ def _model_tables(runs: Sequence[Record], arms: Sequence[str]) -> List[str]:
 
 
 def verdicts(records: Sequence[Record], arms: Sequence[str]) -> List[str]:
-    """The issue's rule per arm: better than the default beyond the paired NLL interval, without being worse beyond the
+    """The rule for adopting an arm: better than the default beyond the paired NLL interval, without being worse beyond the
     ECE interval. An arm qualifies only if it does so on some model and is worse beyond an interval (NLL or ECE) on none."""
     grouped = _by_model(records)
     lines = []

@@ -18,7 +18,7 @@ and is scored on the test half:
   (that is what ``require_significant_gain=True`` does), at the point rule's time;
 * **auto**: ``method="auto"`` (the logit method chosen by cross-fitted NLL; it has no δ).
 
-Arms run only when ``--arms`` names them (a study of the "does δ help" decision, issue 40 item 5;
+Arms run only when ``--arms`` names them (a study of the "does δ help" decision;
 the hf_calibrate code is not changed, the options are passed or its fold runs read). The study's records
 (``results/nc_fresh_seeds_records.jsonl``) were made when the default patience was 4: there the point rule, and
 every arm built on it, ran with patience 4; the default is now 12, the patience-12 arm's.
@@ -78,7 +78,8 @@ from _fidelity_nc import LogitsOf, ReplayedBatches, num_classes
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
-from hf_calibrate.fitting import nc_lbfgs, nc_lbfgs_fit
+from hf_calibrate.fitting.clamping import lbfgs as nc_lbfgs
+from hf_calibrate.fitting.clamping import lbfgs_fit as nc_lbfgs_fit
 from hf_calibrate.metrics import calibration_report
 
 NAME = "nc_time_to_quality"

@@ -9,10 +9,9 @@ must be 0.
   run as a script classifies every case itself (``reliability_counts``).
 * Data, options, labels, input sizes: the parametrised cases of ``tests/integration/test_reliability_inputs.py``,
   ``tests/backbones/test_reliability_input_size.py`` and ``tests/fitting/test_distributed_faults.py`` (2 processes),
-  and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids,
-  in-sample detection of derived ``datasets`` data, intervals on too few samples) and of issue 42 (samplers and
-  batch samplers; in-sample rows of a saved and reloaded model): the test files and functions listed after them in
-  :data:`INPUT_TEST_FILES`.
+  and the cases on malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample detection
+  of derived ``datasets`` data, intervals on too few samples, samplers and batch samplers, and the in-sample rows of
+  a saved and reloaded model: the test files and functions listed after them in :data:`INPUT_TEST_FILES`.
   Each test function states one expected outcome (below); a case that passes ended that way, a case that fails did not (counted as *unclear
   error*: the test's message says whether the result was silent or the error unclear).
 
@@ -63,7 +62,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_calibration_samples_of_different_sizes_are_a_clear_error": ("input size and preprocessing", REFUSED),
     "test_samples_of_different_sizes_in_one_batch_name_both_sizes": ("input size and preprocessing", REFUSED),
     "test_unknown_classifier_lists_the_candidates": ("input size and preprocessing", REFUSED),
-    # issue 31
+    # malformed batches and labels, bad samples, token ids, in-sample detection of derived data
     "test_a_batch_with_more_inputs_than_labels_names_both_counts": ("batches, labels and empty data", REFUSED),
     "test_empty_streams_are_refused_naming_the_fix": ("batches, labels and empty data", REFUSED),
     "test_label_shape_errors_speak_of_the_users_batches": ("batches, labels and empty data", REFUSED),
@@ -85,7 +84,7 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
     "test_rows_that_cannot_be_compared_are_unknown_not_held_out": ("in-sample: data derived from the calibration data", HANDLED),
     "test_row_digests_are_the_same_for_the_same_rows_in_any_layout_and_differ_otherwise": ("in-sample: data derived from the calibration data", HANDLED),
     "test_shared_rows_count_rows_by_memory_and_by_content": ("in-sample: data derived from the calibration data", HANDLED),
-    # issue 42
+    # samplers, in-sample rows of loaders and of a reloaded model, intervals on too few samples
     "test_a_loader_is_read_as_the_rows_one_pass_yields": ("samplers: a loader read as the rows it yields", HANDLED),
     "test_a_batch_sampler_over_part_of_the_rows_is_read_as_that_part": ("samplers: a loader read as the rows it yields", HANDLED),
     "test_a_weighted_sampler_without_replacement_is_read_as_one_draw": ("samplers: a loader read as the rows it yields", HANDLED),
@@ -113,9 +112,9 @@ INPUT_CASES: Dict[str, Tuple[str, str]] = {
 }
 INPUT_TEST_FILES = (
     "integration/test_reliability_inputs.py", "backbones/test_reliability_input_size.py", "fitting/test_distributed_faults.py",
-    # issue 31: the cases of these files (or functions) are all listed in INPUT_CASES
+    # data errors and in-sample detection: the cases of these files (or functions) are all listed in INPUT_CASES
     "data/test_data_errors.py", "data/test_lineage.py",
-    # issue 42: the cases of these files are all listed in INPUT_CASES
+    # samplers and saved row digests: the cases of these files are all listed in INPUT_CASES
     "data/test_samplers.py", "serialization/test_saved_row_digests.py",
     "fitting/test_fit_errors.py::test_evaluation_errors_do_not_call_the_data_calibration_data",
     "fitting/test_fit_errors.py::test_a_bad_sample_is_named_by_its_position_not_by_the_fits_batch",
@@ -178,12 +177,12 @@ def report(session: _report.Session, counts: Dict[str, Dict[str, int]]) -> str:
         "`tests/serialization/test_hostile_folders.py`, which classify each case themselves; the "
         "others are the cases of `tests/integration/test_reliability_inputs.py`, `tests/backbones/test_reliability_input_size.py` and "
         "`tests/fitting/test_distributed_faults.py` (4 scenarios of bad data read by one of 2 torchrun processes, counted as one case), "
-        "and the probe cases of issue 31 (malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample "
-        "detection of data derived from the calibration data, intervals on too few samples; the files and functions listed in "
-        "`INPUT_TEST_FILES`), and those of issue 42 (a DataLoader read as the rows one pass of it yields, whatever "
-        "sampler or batch sampler picks them, and a sampler that would read a row twice refused; a saved and reloaded "
-        "model telling calibration rows by the digests its record keeps, and saying unknown where it cannot compare), "
-        "each test stating its expected outcome.",
+        "and the cases on malformed batches and labels, empty streams, out-of-vocabulary token ids, in-sample detection of "
+        "data derived from the calibration data and intervals on too few samples, and on loaders and saved rows (a "
+        "DataLoader read as the rows one pass of it yields, whatever sampler or batch sampler picks them, and a sampler "
+        "that would read a row twice refused; a saved and reloaded model telling calibration rows by the digests its "
+        "record keeps, and saying unknown where it cannot compare): the files and functions listed in "
+        "`INPUT_TEST_FILES`, each test stating its expected outcome.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""Safe defaults (issues 28 and 40): every logit method's default against the uncalibrated model and temperature scaling.
+"""Safe defaults: every logit method's default against the uncalibrated model and temperature scaling.
 
 For each zoo model (timm CNN and transformers ViT on sklearn digits, the pretrained MiniLM on BBC
 News; ``bench_quality.py``'s helpers) the base's logits over its ``calibration`` ∪ ``test`` rows are
@@ -12,11 +12,11 @@ installed, are fitted with their own defaults on the same halves.
 ``method="auto"`` is fitted the same way; the report says what it chose per seed and whether its
 test NLL is worse than TS's or the uncalibrated model's beyond the paired interval.
 
-Arms (``--arms``; issue 40's "how we will know"), each on the same halves per seed, the test half always as it is:
+Arms (``--arms``), each on the same halves per seed, the test half always as it is:
 
-* ``logits``: the calibration half as it is (issue 28's check);
+* ``logits``: the calibration half as it is;
 * ``duplicated_30x10`` / ``duplicated_100x2``: the calibration half cut to 30 (100) distinct rows, a stratified
-  sample of it, each repeated 10 (2) times — issue 40's two cases of duplicated rows; TS and every method are
+  sample of it, each repeated 10 (2) times — few rows many times, many rows twice; TS and every method are
   fitted on the same 300 (200) rows;
 * ``probabilities``: the model ends in a softmax, so every method is handed softmax(logits) as its "logits" (float32,
   calibration and test halves alike); "uncalibrated" is those probabilities themselves (what the user had), TS is TS
@@ -133,17 +133,17 @@ class Arm:
 
 MAIN = "logits"
 ARMS = (
-    Arm(MAIN, "Logits as they are (issue 28)", "The calibration half as it is.", as_given, peers=True),
-    Arm("duplicated_30x10", "Duplicated rows: 30 distinct × 10 copies (issue 40)",
+    Arm(MAIN, "Logits as they are", "The calibration half as it is.", as_given, peers=True),
+    Arm("duplicated_30x10", "Duplicated rows: 30 distinct × 10 copies",
         "The calibration half cut to 30 distinct rows (a stratified sample of it, per seed), each repeated 10 times: "
         "300 rows, on which TS and every method are fitted. The test half is as in the first arm. Copies do not move "
         "TS's maximum-likelihood temperature, so TS here is TS on 30 rows, which can be above the uncalibrated NLL. "
         "The methods that need a misclassified row refuse the data where none of the 30 is misclassified.",
         functools.partial(duplicated, 30, 10), "duplicates"),
-    Arm("duplicated_100x2", "Duplicated rows: 100 distinct × 2 copies (issue 40)",
+    Arm("duplicated_100x2", "Duplicated rows: 100 distinct × 2 copies",
         "The calibration half cut to 100 distinct rows (a stratified sample of it, per seed), each twice: 200 rows. "
         "The test half is as in the first arm.", functools.partial(duplicated, 100, 2), "duplicates"),
-    Arm("probabilities", "Probabilities as logits (issue 40)",
+    Arm("probabilities", "Probabilities as logits",
         "The model ends in a softmax: every method (TS included) is fitted on softmax(logits) of the calibration half "
         "and maps softmax(logits) of the test half, as such a model hands them over. \"uncalibrated\" is those test "
         "probabilities themselves, what the user had; TS is TS fitted on the probabilities. Every fit should say that the "
@@ -349,7 +349,7 @@ def _auto_lines(raw: Raw) -> List[str]:
 
 
 def _goal_lines(raw: Raw, arm: Arm) -> List[str]:
-    """The issues' goal, checked per model: no default's mean test NLL above the uncalibrated model's, and none worse
+    """The goal, checked per model: no default's mean test NLL above the uncalibrated model's, and none worse
     than TS, or than the uncalibrated model, by more than its paired interval (an interval wholly above 0); in an arm
     with a warning of its own, the fits that did not say it, and the fits that refused the data."""
     lines = []
@@ -417,7 +417,7 @@ def _arm_sections(arm: Arm, raw: Raw, before: Optional[Raw]) -> List[str]:
 
 def report(session: _report.Session, raw: Dict[str, Raw], baseline: Optional[Raw], baseline_path: Optional[Path] = None) -> str:
     arms = [arm for arm in ARMS if arm.key in raw]
-    body = ["Goal (issues 28 and 40): in every arm, on the zoo models × seeds, no method's default has a mean test NLL above "
+    body = ["Goal: in every arm, on the zoo models × seeds, no method's default has a mean test NLL above "
             "the uncalibrated model's, and none is worse than TS, or than the uncalibrated model, by more than its paired "
             "interval.", ""]
     for arm in arms:

@@ -1,12 +1,11 @@
 """hf_calibrate: calibration for Hugging Face timm and transformers classifiers.
 
-The names below are imported when first used, so ``import hf_calibrate`` (and ``hf-calibrate
---help``) stays quick and imports neither ``datasets``, ``evaluate`` nor ``matplotlib``.
-``CalibratedModel`` registers itself with the transformers Auto classes as soon as transformers is
-imported (now, if it already is; else right after the user's own import of it, see
-:mod:`hf_calibrate._auto_registration`) and whenever its model module is imported, so that
-``pipeline(task, model="user/calibrated-repo")`` loads the calibrated model;
-:func:`register_auto_classes` does it explicitly.
+The names below are imported when first used, so ``import hf_calibrate``, which every ``hf-calibrate`` command runs
+first (``--help`` too), stays quick: it imports neither torch, transformers, ``datasets``, ``evaluate`` nor
+``matplotlib``. The model's module registers ``CalibratedModel`` with the transformers Auto classes when it is
+imported: ``from hf_calibrate import CalibratedModel`` (or ``CalibratedConfig``) makes
+``pipeline(task, model="user/calibrated-repo")`` load the calibrated model, and so does
+:func:`register_auto_classes`, for a script that names no other hf_calibrate class.
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ import importlib
 import importlib.util
 from typing import Any
 
-from ._auto_registration import register_when_transformers_loads
 from .version import __version__
 
-# name → module of the package that defines it
+# name → the module of the package it is taken from (the model's names from modeling, which registers the model)
 _EXPORTS = {
     "ArtifactError": "serialization",
     "CALIBRATORS": "calibrators",
@@ -28,6 +26,7 @@ _EXPORTS = {
     "EngineOptions": "fitting",
     "TemperatureScalingFallbackWarning": "modeling",
     "evaluate_module_path": "evaluate_modules",
+    "fit_and_evaluate": "fit_evaluate",
     "register_auto_classes": "modeling",
 }
 
@@ -36,15 +35,13 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # a module of the package (hf_calibrate.comparison, ...)
+        return importlib.import_module(f"{__name__}.{name}")  # a module of the package (hf_calibrate.results, ...)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list:
     return sorted({*globals(), *__all__})
 
-
-register_when_transformers_loads()  # pipelines know calibrated repos once transformers is imported, whenever that is
 
 __all__ = [
     "ArtifactError",
@@ -57,6 +54,7 @@ __all__ = [
     "__version__",
     "calibrators",
     "evaluate_module_path",
+    "fit_and_evaluate",
     "metrics",
     "register_auto_classes",
 ]

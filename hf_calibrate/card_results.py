@@ -87,9 +87,9 @@ def _sealed(record: Dict[str, Any], results: Dict[str, Any], staged: Path, diagr
     """``record`` with ``results`` as its evaluation, its manifest and digests listing the new diagram (or none),
     sealed and checked as loading will check it."""
     files = record["files"]
-    manifest = sorted(set(files.get("manifest") or ()) - {DIAGRAM_FILE} | ({diagram} if diagram else set()))
+    manifest = sorted(set(files["manifest"]) - {DIAGRAM_FILE} | ({diagram} if diagram else set()))
     # the diagram's digest follows the new one; the card's is dropped (it is checked only during an interrupted save)
-    digests = {name: digest for name, digest in (files.get("sha256") or {}).items() if name not in (DIAGRAM_FILE, CARD_FILE)}
+    digests = {name: digest for name, digest in files["sha256"].items() if name not in (DIAGRAM_FILE, CARD_FILE)}
     if diagram:
         digests[diagram] = file_sha256(staged / diagram)
     sealed = seal_record({**record, "evaluation": results, "files": {**files, "manifest": manifest, "sha256": digests}})

@@ -10,8 +10,6 @@ from typing import Any, Dict
 
 from transformers import PreTrainedConfig
 
-from . import _auto_registration
-
 #: ``base_task`` of a base of each backbone modality
 TASKS: Dict[str, str] = {"image": "image-classification", "text": "text-classification", "tensor": "tensor-classification"}
 
@@ -35,6 +33,3 @@ class CalibratedConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         if self.label2id is None and self.id2label:
             self.label2id = {label: index for index, label in self.id2label.items()}
-
-
-_auto_registration.finish_pending(__name__)  # when this module's import of transformers was the first

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 
 from torch import nn
 
-from . import _hub, serialization
+from . import _hub
 from .serialization import record as saved_record
 from .serialization.evaluated_model import IDENTITY_KEY, model_identity
 from .serialization.load_options import TRANSFORMERS_LOAD_KWARGS, TRANSFORMERS_SAVE_KWARGS, load_device, load_dtype
@@ -73,7 +73,7 @@ class CalibratedHubMixin:
         cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, revision: Optional[str] = None,
         token: Optional[str | bool] = None, cache_dir: Optional[str | os.PathLike] = None, local_files_only: bool = False,
         force_download: bool = False, subfolder: Optional[str] = None, base_model: Optional[nn.Module] = None,
-        dtype: Any = None, torch_dtype: Any = None, device_map: Any = None, allow_unverified: bool = False, **kwargs: Any,
+        dtype: Any = None, torch_dtype: Any = None, device_map: Any = None, **kwargs: Any,
     ) -> Any:
         """Load a calibrated model from a folder or a hub repo id (``revision`` pins a commit).
 
@@ -88,15 +88,9 @@ class CalibratedHubMixin:
         whole model (``"cpu"``, ``"cuda:0"``, ``0``, ``{"": "cuda:0"}``; ``"auto"``: the first accelerator,
         else the CPU); a map splitting the model is refused. Works offline from the cache
         (``HF_HUB_OFFLINE=1``); also reached by ``AutoModelFor...from_pretrained`` and ``pipeline(task, model=...)``.
-
-        A format-1 record (saved before records carried digests) cannot be proven unedited: it is refused unless
-        ``allow_unverified=True``, which loads it with every other check and an ``UnverifiedArtifactWarning``;
-        re-saving it then seals it in the current format.
         """
         if model_args:
             raise TypeError("CalibratedModel.from_pretrained takes no positional model arguments.")
-        if not isinstance(allow_unverified, bool):
-            raise TypeError(f"allow_unverified must be True or False, got {allow_unverified!r}.")
         unknown = set(kwargs) - TRANSFORMERS_LOAD_KWARGS
         if unknown:
             raise TypeError(f"from_pretrained() got unexpected keyword argument(s) {sorted(unknown)}.")
@@ -105,7 +99,7 @@ class CalibratedHubMixin:
         root = _hub.resolve_folder(
             pretrained_model_name_or_path, revision=revision, force_download=force_download, subfolder=subfolder, **hub_options
         )
-        model = cls._from_parts(saved_record.load_parts(root, base_model, hub_options, allow_unverified=allow_unverified))
+        model = cls._from_parts(saved_record.load_parts(root, base_model, hub_options))
         if target_dtype is not None:
             model.base_model.to(target_dtype)
         return model.to(device).eval() if device is not None else model.eval()

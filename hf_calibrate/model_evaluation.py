@@ -5,7 +5,7 @@ calibrated preprocessing made the default, one :class:`~hf_calibrate.fitting.Eng
 (every process scores its share under Accelerate; the accumulators are summed when computed), and
 the base's and the calibrated model's logits added to a before/after pair of accumulators
 (:mod:`hf_calibrate.scoring`). :meth:`CalibratedModel.evaluate` and
-:func:`~hf_calibrate.modeling.fit_and_evaluate` summarize the pair (:func:`evaluate_model`);
+:func:`~hf_calibrate.fit_evaluate.fit_and_evaluate` summarize the pair (:func:`evaluate_model`);
 :func:`hf_calibrate.results.comparison.compare` pairs the calibrated sides of several models. An uncalibrated
 model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same pass
 (:func:`hf_calibrate.scoring.evaluate_plain_model`).
@@ -19,17 +19,13 @@ model's own metrics (the CLI's ``evaluate`` of a plain model) come from the same
      "difference": {metric: interval}, "verdicts": {metric: str}, "bootstrap": {...},
      "model_identity": {"calibration_sha256": str, "base_fingerprint": str or None, "description": str}}
 
-where ``in_sample`` is True when the data hold rows the fit used (:func:`hf_calibrate.results.reporting.in_sample_rows`), and
+where ``in_sample`` is True when the data hold rows the fit used (:func:`hf_calibrate.data.calibration_rows.in_sample_rows`), and
 ``in_sample_rows`` says how many of their rows those are (None when ``in_sample`` is not True, or was
 given); metrics are the dicts of :class:`hf_calibrate.metrics.CalibrationMetrics` plus ``smooth_ece`` and
 their ``intervals``, and bins are ``ReliabilityBins.to_dict()`` (``ReliabilityBins.from_dict`` reads
 them back; the plotting functions take them as they are); :mod:`hf_calibrate.results.evaluation` describes
 the intervals and verdicts; ``model_identity`` names the calibrated model the results are of
 (:mod:`hf_calibrate.serialization.evaluated_model`), so that they go into no other model's card.
-
-The warnings raised under :func:`accumulate` that point at the user's line count on the call
-depth ``user → evaluate / compare / fit_and_evaluate → evaluate_model / one helper → accumulate``;
-keep that depth (no decorators that add frames).
 """
 
 from __future__ import annotations
@@ -39,26 +35,23 @@ from typing import Any, Dict, Optional, Protocol, Tuple
 
 import torch
 
-from . import _auto_registration, scoring
+from . import scoring
 from ._warnings import warn_user
 from .backbones import Backbone
 from .backbones.base import format_size
 from .backbones.preprocessing import differently_scaled, evaluation_options, value_range
 from .calibrators import Calibrator
 from .data import prepare_data
-from .data.sources import is_one_shot
-from .fitting.calibrate import engine_options, is_logit_space
-from .fitting.engine import Engine, EngineOptions
+from .data.calibration_rows import FittedModel, in_sample_rows
+from .data.identity import data_display_name, data_split
+from .data.streams.units import is_one_shot
+from .fitting.calibrate import FitMethod, engine_options
+from .fitting.runtime.engine import Engine, EngineOptions
 from .metrics import CalibrationMetrics
-from .metrics._checks import check_n_bins
-from .results import evaluation, reporting
-from .results.reporting import FittedModel, in_sample_rows
+from .results import evaluation
+from .results.evaluation import EvaluationKeywords
 from .serialization.evaluated_model import IDENTITY_KEY, model_identity
 
-#: ``evaluate``'s own keywords (beside the engine options) and their defaults
-EVALUATION_KEYWORDS: Dict[str, Any] = {
-    "n_bins": 15, "dataset_name": None, "split": None, "in_sample": None, "bootstrap": evaluation.DEFAULT_BOOTSTRAP,
-}
 #: engine options that change no base logit: a fit and an evaluation may differ in them and share the base's pass
 PASS_NEUTRAL_OPTIONS = ("progress", "num_workers", "seed", "cache_bytes")
 #: base logits (N, C) float32 and labels (N,) of every sample of the evaluation data, in dataset order
@@ -80,31 +73,25 @@ class EvaluatedModel(FittedModel, Protocol):
     def to(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def check_evaluation_arguments(own: Dict[str, Any], options: Dict[str, Any]) -> None:
-    """``evaluate``'s arguments (``own``: its :data:`EVALUATION_KEYWORDS`; ``options``: engine options),
-    checked before any work (``fit_and_evaluate`` checks them before fitting)."""
-    check_n_bins(own["n_bins"])
-    evaluation.check_bootstrap(own["bootstrap"])
-    for name in ("dataset_name", "split"):
-        if own[name] is not None and not isinstance(own[name], str):
-            raise TypeError(f"{name} must be a string or None, got {own[name]!r} ({type(own[name]).__name__}).")
-    if own["in_sample"] is not None and not isinstance(own["in_sample"], bool):
-        raise TypeError(f"in_sample must be True, False or None, got {own['in_sample']!r}.")
-    engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS))
+def check_engine_options(options: Dict[str, Any]) -> EngineOptions:
+    """``evaluate``'s engine options, checked before any work (``fit_and_evaluate`` checks them before fitting; its
+    :class:`~hf_calibrate.results.evaluation.EvaluationKeywords` are checked when made)."""
+    return engine_options(options, "evaluate", EvaluationKeywords.names())
 
 
 def accumulate(
-    model: EvaluatedModel, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+    model: EvaluatedModel, data: Any, keywords: EvaluationKeywords, options: Dict[str, Any], *,
+    kept: Optional[KeptLogits] = None,
 ) -> Tuple[CalibrationMetrics, CalibrationMetrics]:
     """The (uncalibrated, calibrated) accumulators of ``model`` on labelled ``data``, arguments checked.
 
-    ``own``: :data:`EVALUATION_KEYWORDS`; ``options``: engine options (the preprocessor defaults to the
+    ``keywords``: ``evaluate``'s own; ``options``: engine options (the preprocessor defaults to the
     model's own); ``kept``: the base logits and labels of every sample of ``data`` (from the fit), used
     instead of running the base model again.
     """
-    check_evaluation_arguments(own, options)
+    check_engine_options(options)
     options = evaluation_options(model.provenance.get("input_contract"), options, model.preprocessor)
-    engine = Engine(engine_options(options, "evaluate", tuple(EVALUATION_KEYWORDS)))
+    engine = Engine(check_engine_options(options))
     scorer = scoring.Scorer(model.backbone, model.calibrator, lambda inputs: model._calibrated_forward(inputs)[0])
     needs_data = kept is None or not scorer.logit_space or not is_one_shot(data)  # a read generator is not read again
     with torch.no_grad():
@@ -112,7 +99,7 @@ def accumulate(
         if prepared is not None:
             warn_if_other_inputs(model, prepared)
         model.to(engine.device)
-        return scoring.score(scorer, engine, prepared, (own["n_bins"], own["bootstrap"]), kept)
+        return scoring.score(scorer, engine, prepared, (keywords.n_bins, keywords.bootstrap), kept)
 
 
 def warn_if_other_inputs(model: EvaluatedModel, data: Any) -> None:
@@ -147,26 +134,27 @@ def warn_if_other_inputs(model: EvaluatedModel, data: Any) -> None:
 
 
 def evaluate_model(
-    model: EvaluatedModel, data: Any, own: Dict[str, Any], options: Dict[str, Any], *, kept: Optional[KeptLogits] = None
+    model: EvaluatedModel, data: Any, keywords: EvaluationKeywords, options: Dict[str, Any], *,
+    kept: Optional[KeptLogits] = None,
 ) -> Dict[str, Any]:
     """:meth:`CalibratedModel.evaluate`'s JSON result (arguments as :func:`accumulate`), also kept as the model's
     ``last_evaluation``."""
-    uncalibrated, calibrated = accumulate(model, data, own, options, kept=kept)
+    uncalibrated, calibrated = accumulate(model, data, keywords, options, kept=kept)
     with torch.no_grad():
         summary = evaluation.summarize(uncalibrated, calibrated)
         in_sample, rows = in_sample_rows(model, data, summary["calibrated"]["num_samples"])
-        if own["in_sample"] is False and in_sample:
+        if keywords.in_sample is False and in_sample:
             warn_user(f"in_sample=False was given, but these data hold rows the calibration was fitted on ("
                       f"{rows['calibration']} of {rows['total']}): the results are labelled held-out as asked, and are "
                       "optimistic. Leave in_sample unset, or evaluate on rows the fit did not use.")
-        if own["in_sample"] is not None:
-            in_sample, rows = own["in_sample"], None
+        if keywords.in_sample is not None:
+            in_sample, rows = keywords.in_sample, None
         result = {
             **summary,
             "reliability": {"uncalibrated": uncalibrated.reliability().to_dict(), "calibrated": calibrated.reliability().to_dict()},
-            "dataset": own["dataset_name"] or reporting.data_display_name(data),
-            "split": own["split"] or reporting.data_split(data),
-            "n_bins": own["n_bins"],
+            "dataset": keywords.dataset_name or data_display_name(data),
+            "split": keywords.split or data_split(data),
+            "n_bins": keywords.n_bins,
             "in_sample": in_sample,
             "in_sample_rows": rows,
             "calibration_dataset": model.provenance.get("dataset_name"),
@@ -191,17 +179,14 @@ def same_base_pass(fit_options: Dict[str, Any], evaluation_settings: Dict[str, A
     return True
 
 
-def require_logit_space_for_one_pass(method: str, reuse: bool) -> None:
+def require_logit_space_for_one_pass(method: FitMethod, reuse: bool) -> None:
     """Refuse, before fitting, to fit and evaluate on one-shot data when the evaluation would have to read them again."""
-    if reuse and is_logit_space(method):
+    if reuse and method.logit_space:
         return
     raise ValueError(
-        f"the calibration data can be read only once (a generator or other iterator), and evaluating a {method!r} "
+        f"the calibration data can be read only once (a generator or other iterator), and evaluating a {method.name!r} "
         "calibration on them reads them a second time"
         + ("" if reuse else " (the evaluation runs the base model with other options than the fit)")
         + ". Pass a callable that returns a new iterator each time it is called, or a re-iterable (a list of batches, "
         "a DataLoader, an IterableDataset)."
     )
-
-
-_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

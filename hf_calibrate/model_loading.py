@@ -40,17 +40,16 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, revision: Optional[str] = None, token: Optional[str] = None, pretrained: bool = True,
-               num_classes: Optional[int] = None, allow_unverified: bool = False) -> LoadedModel:
+               num_classes: Optional[int] = None) -> LoadedModel:
     """Load ``spec``: a local folder, a timm architecture name, or a hub repo id (calibrated or not).
 
     ``revision`` and ``token`` apply to hub repos; ``pretrained`` and ``num_classes`` to timm
-    architecture names (pretrained weights or random ones; the class count of a new head);
-    ``allow_unverified`` to a calibration saved before digests (``CalibratedModel.from_pretrained``'s).
+    architecture names (pretrained weights or random ones; the class count of a new head).
     """
     import timm
 
     if os.path.isdir(spec):
-        return load_folder(Path(spec), spec, token=token, allow_unverified=allow_unverified)
+        return load_folder(Path(spec), spec, token=token)
     if timm.is_model(spec):
         model = create_timm_model(spec, pretrained=pretrained, num_classes=num_classes)
         hub_id = model.pretrained_cfg.get("hf_hub_id") if pretrained else None  # where timm loaded the weights from
@@ -63,16 +62,16 @@ def load_model(spec: str, *, revision: Optional[str] = None, token: Optional[str
         folder = _hub.resolve_folder(spec, revision=revision, token=token)
     except _hub.ArtifactError as error:
         raise UserError(f"unknown model {spec!r} (not a timm architecture name either): {error}") from error
-    return dataclasses.replace(load_folder(folder, spec, token=token, allow_unverified=allow_unverified), hub_id=spec)
+    return dataclasses.replace(load_folder(folder, spec, token=token), hub_id=spec)
 
 
-def load_folder(folder: Path, name: str, *, token: Optional[str] = None, allow_unverified: bool = False) -> LoadedModel:
+def load_folder(folder: Path, name: str, *, token: Optional[str] = None) -> LoadedModel:
     """A calibration, a timm or a transformers model folder, told apart by its JSON files."""
     from .modeling import CalibratedModel
     from .serialization import CALIBRATION_CONFIG
 
     if (folder / CALIBRATION_CONFIG).is_file():
-        model = CalibratedModel.from_pretrained(folder, token=token, allow_unverified=allow_unverified)
+        model = CalibratedModel.from_pretrained(folder, token=token)
         return LoadedModel(model, model.preprocessor, name, calibrated=True)
     model, preprocessor = load_model_folder(folder, name)
     return LoadedModel(model, preprocessor, name, calibrated=False)

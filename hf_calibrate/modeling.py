@@ -17,9 +17,9 @@ calibrated logits when ``labels`` are passed).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
-import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,26 +28,20 @@ from transformers import AutoConfig, AutoModelForImageClassification, AutoModelF
 
 from . import model_evaluation
 from ._probabilities import LOGITS
-from ._warnings import warn_user
 from .backbones import Backbone, adapt
 from .calibrators import Calibrator
-from .configuration import TASKS, CalibratedConfig
-from .data.lineage import NO_DIGESTS, KeptRows, holds_rows_of
-from .data.sources import is_one_shot
-from .fitting.calibrate import FittedCalibration, FittedRows, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, frozen
-from .hub_mixin import CalibratedHubMixin
-from .model_evaluation import (
-    EVALUATION_KEYWORDS, check_evaluation_arguments, evaluate_model, require_logit_space_for_one_pass, same_base_pass,
+from .configuration import CalibratedConfig
+from .data.calibration_rows import CalibrationRows
+from .fitting.calibrate import (
+    FittedCalibration, TemperatureScalingFallbackWarning, fallback_note, fit_calibration, resolve_method,
 )
-from .results import evaluation, reporting
-from .serialization.load_options import backbone_device
+from .fitting.method_docs import with_method_list
+from .hub_mixin import CalibratedHubMixin
+from .results import evaluation
+from .results.evaluation import EvaluationKeywords
 from .serialization.record import SavedParts
 
-#: the names importable from here: the model, and what lived here before it was split (docs/design.md §1)
-__all__ = [
-    "EVALUATION_KEYWORDS", "TASKS", "CalibratedConfig", "CalibratedModel", "TemperatureScalingFallbackWarning",
-    "backbone_device", "fit_and_evaluate", "frozen", "register_auto_classes",
-]
+__all__ = ["CalibratedConfig", "CalibratedModel", "TemperatureScalingFallbackWarning", "register_auto_classes"]
 
 
 class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
@@ -87,14 +81,8 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         self.fit_summary: Dict[str, Any] = {}
         self.provenance: Dict[str, Any] = {}
         self.last_evaluation: Optional[Dict[str, Any]] = None
-        self._warned_length = False  # a text longer than the calibrated max_length was warned about
-        #: weak references to the data objects :meth:`fit` was given (see :meth:`fitted_on`)
-        self._fitted_data: List[weakref.ref] = []
-        #: per data object given to :meth:`fit`: a weak reference to its samples and their rows' content digests, where
-        #: they are ``datasets`` data or tensors (see :meth:`_fitted_sources`)
-        self._fitted_rows: List[FittedRows] = []
-        #: the calibration rows' digests of a loaded model (its record's), compared like ``_fitted_rows``
-        self._saved_rows: List[KeptRows] = []
+        #: the data :meth:`fit` was given, recognised later (see :meth:`fitted_on`)
+        self.calibration_rows = CalibrationRows()
         #: the image processor or tokenizer saved beside the model (from fit or the saved folder)
         self.preprocessor: Any = None
         self.post_init()
@@ -137,7 +125,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         inputs, positional = self.backbone.parse_call(args, kwargs)
         self._check_device(inputs)
         calibrated, raw_output = self._calibrated_forward(inputs)
-        self._warn_if_longer_than_calibrated(inputs)
+        self.backbone.warn_if_longer_than_calibrated(inputs)
         loss = F.cross_entropy(calibrated.float(), labels.to(calibrated.device)) if labels is not None else None
         return self.backbone.wrap_output(calibrated, raw_output, positional, loss)
 
@@ -156,20 +144,6 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 f"(e.g. x.to(model.device)) or the model (model.to(device))."
             )
 
-    def _warn_if_longer_than_calibrated(self, inputs: Dict[str, Any]) -> None:
-        """Warn, once per model, when a text is longer than the ``max_length`` the calibration was fitted at: its
-        confidences hold for the texts it saw, truncated there."""
-        limit, padded = self.backbone.calibrated_max_length, inputs.get(self.backbone.input_key)
-        if limit is None or self._warned_length or (isinstance(padded, torch.Tensor) and padded.shape[-1] <= limit):
-            return  # no text of the batch can be longer (and the counts below would wait for the device)
-        tokens = self.backbone.token_counts(inputs)
-        if tokens is None or int(tokens.max()) <= limit:
-            return
-        self._warned_length = True
-        warn_user(f"this input holds a text of {int(tokens.max())} tokens, longer than the max_length={limit} the "
-                  f"calibration was fitted at (its texts were truncated there), so its calibrated confidence is not "
-                  f"known to hold. {self.backbone.truncation_advice(limit)} (Said once per model.)")
-
     # -------------------------------------------------- fitting
     @classmethod
     def fit(
@@ -182,7 +156,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             model: a timm classifier, a transformers image/sequence classifier, or an ``nn.Module`` mapping a
                 tensor to (N, C) logits. It is frozen (``requires_grad`` off, eval mode) and moved to the fit's
                 device; it is not copied. If the fit fails, its flags and mode are restored.
-            calibration_data: labelled samples in any of the forms the README lists (:mod:`hf_calibrate.data`):
+            calibration_data: labelled samples in any of the forms docs/usage.md lists (:mod:`hf_calibrate.data`):
                 a ``DataLoader`` of ``(inputs, labels)`` pairs or of dicts (``labels`` + model inputs), batching a
                 map-style dataset (its sampler decides which samples are read), over pre-made batches
                 (``batch_size=None``) or over an ``IterableDataset``; a torch ``Dataset`` or ``IterableDataset`` of
@@ -194,8 +168,8 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
                 Neural Clamping, which reads its data every epoch and refuses it, naming a callable or a re-iterable
                 instead. In one process every form gives the calibrator of the same samples as a map-style dataset.
                 For the head methods this is the data the new head is trained on (the papers use the training split).
-            method: ``"neural_clamping"`` (default, the recommended method: see the README, "Which method?"), ``"temperature"``, ``"vector"``, ``"structured_vector"``, ``"matrix"``,
-                ``"dirichlet"``, ``"structured_matrix"``, ``"histogram"``, ``"isotonic"``, the head methods ``"tst"``, ``"vtst"``, ``"mac_cal"``,
+            method: the method's name: a registered method (docs/methods.md describes each), by family,
+                <the registered methods, listed from the registry when hf_calibrate.modeling is imported>
                 or ``"auto"``, the fast choice: the method cross-fitted held-out NLL shows best among the logit methods, Neural
                 Clamping when its estimated time fits ``budget`` (seconds), and the head methods named in
                 ``candidates`` (temperature scaling unless another beats it beyond a paired 95 % interval; the
@@ -207,7 +181,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             temperature_data: where head methods fit their optional temperature (``temperature=True``;
                 default: the validation data).
             dataset_name, split: how the model card and evaluations name the calibration data (default: what
-                a ``datasets.Dataset`` records, see :mod:`hf_calibrate.reporting`).
+                a ``datasets.Dataset`` records, see :mod:`hf_calibrate.results.reporting`).
             **options: the method's options (e.g. ``NeuralClamping.Options``) and the options of every fit
                 (:class:`hf_calibrate.fitting.EngineOptions`: ``batch_size``, ``seed``, ``progress``,
                 ``mixed_precision``, ``preprocessor``, ...).
@@ -219,7 +193,8 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             (:class:`TemperatureScalingFallbackWarning`).
         """
         data = (calibration_data, validation_data, temperature_data)
-        return cls._from_fit(model, fit_calibration(model, data, method, options, naming=(dataset_name, split), keep_logits=False))
+        fitted = fit_calibration(model, data, resolve_method(method), options, naming=(dataset_name, split), keep_logits=False)
+        return cls._from_fit(model, fitted)
 
     @classmethod
     def _from_fit(cls, model: nn.Module, fitted: FittedCalibration) -> "CalibratedModel":
@@ -227,8 +202,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         calibrated = cls(fitted.config, model, fitted.calibrator).eval()
         calibrated.fit_summary = fitted.summary
         calibrated._set_provenance(fitted.provenance)
-        calibrated.preprocessor, calibrated._fitted_data = fitted.preprocessor, fitted.fitted_data
-        calibrated._fitted_rows = fitted.fitted_rows
+        calibrated.preprocessor, calibrated.calibration_rows = fitted.preprocessor, fitted.calibration_rows
         return calibrated
 
     def _set_provenance(self, provenance: Dict[str, Any]) -> None:
@@ -255,27 +229,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         (:mod:`hf_calibrate.data.lineage`). None (unknown) where rows cannot be compared: other torch datasets, a
         stream whose rows cannot be traced (a streamed ``load_dataset``, an iterable mapped, filtered, skipped or
         taken), or a model saved with ``row_digests=False``."""
-        identity = reporting.data_identity(data)
-        if any(reference() is identity or reference() is data for reference in self._fitted_data):
-            return True
-        fingerprint = reporting.data_fingerprint(data)
-        if fingerprint is not None and fingerprint in (self.provenance.get("data_fingerprints") or ()):
-            return True
-        return holds_rows_of(reporting.data_source(data), self._fitted_sources())
-
-    def _fitted_sources(self) -> List[Any]:
-        """The data objects :meth:`fit` was given that are still alive, and the kept row digests of those that are gone
-        (a loaded model: those its record holds)."""
-        sources = []
-        for reference, kept in self._fitted_rows:
-            alive = reference() if reference is not None else None
-            sources.append(alive if alive is not None else kept if kept is not None else NO_DIGESTS)
-        return sources + self._saved_rows
-
-    def _kept_rows(self) -> List[Optional[KeptRows]]:
-        """The content digests of the calibration rows (``datasets`` data, tensors) that a save writes into the record
-        (:mod:`hf_calibrate.serialization.row_digests`), so that the loaded model knows its calibration rows too."""
-        return [kept for _, kept in self._fitted_rows] + self._saved_rows
+        return self.calibration_rows.holds(data, self.provenance.get("data_fingerprints") or ())
 
     # -------------------------------------------------- evaluation
     def evaluate(
@@ -284,7 +238,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
     ) -> Dict[str, Any]:
         """Metrics of the base and the calibrated model on labelled ``data``, side by side.
 
-        ``data`` may take any form :meth:`fit` takes (the README lists them; :mod:`hf_calibrate.data`): a
+        ``data`` may take any form :meth:`fit` takes (docs/usage.md lists them; :mod:`hf_calibrate.data`): a
         ``DataLoader`` (of samples, of pre-made batches with ``batch_size=None``, or over an ``IterableDataset``),
         a torch ``Dataset`` or ``IterableDataset``, a list of batches, a callable returning a new iterator of
         batches, a ``datasets.Dataset`` or ``datasets.IterableDataset`` (raw ``image`` / ``text`` columns get the
@@ -304,13 +258,13 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
             Plain JSON data (``json.dumps`` takes it), described in :mod:`hf_calibrate.model_evaluation`; kept
             as ``last_evaluation``, it goes into the saved record and model card.
         """
-        own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": in_sample, "bootstrap": bootstrap}
-        return model_evaluation.evaluate_model(self, data, own, options)
+        keywords = EvaluationKeywords(n_bins, dataset_name, split, in_sample, bootstrap)
+        return model_evaluation.evaluate_model(self, data, keywords, options)
 
-    #: ``model._accumulate(data, own, options)``: the (uncalibrated, calibrated) accumulators of an evaluation on ``data``
-    #: (``own``: :meth:`evaluate`'s keywords, ``options``: engine options), the hook
+    #: ``model._accumulate(data, keywords, options)``: the (uncalibrated, calibrated) accumulators of an evaluation on
+    #: ``data`` (``keywords``: :meth:`evaluate`'s, an :class:`EvaluationKeywords`; ``options``: engine options), the hook
     #: :func:`hf_calibrate.results.comparison.compare` pairs models through. It is
-    #: :func:`hf_calibrate.model_evaluation.accumulate` itself, adding no frame: its warnings' stack levels hold.
+    #: :func:`hf_calibrate.model_evaluation.accumulate` itself.
     _accumulate = model_evaluation.accumulate
 
     # -------------------------------------------------- loading (save_pretrained, from_pretrained, push_to_hub: CalibratedHubMixin)
@@ -320,7 +274,7 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         model = cls(CalibratedConfig(**parts.config), parts.base, parts.calibrator)
         model.fit_summary, model.last_evaluation = parts.fit_summary, parts.evaluation
         model._set_provenance(parts.provenance)
-        model.preprocessor, model._saved_rows = parts.preprocessor, parts.kept_rows
+        model.preprocessor, model.calibration_rows = parts.preprocessor, CalibrationRows(saved=parts.kept_rows)
         return model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -332,52 +286,6 @@ class CalibratedModel(CalibratedHubMixin, PreTrainedModel):
         return super().__call__(*args, **kwargs)
 
 
-def fit_and_evaluate(
-    model: nn.Module, calibration_data: Any, evaluation_data: Any = None, *, method: str = "neural_clamping",
-    validation_data: Any = None, temperature_data: Any = None, dataset_name: Optional[str] = None,
-    split: Optional[str] = None, evaluation_options: Optional[Dict[str, Any]] = None, **options: Any,
-) -> Tuple[CalibratedModel, Dict[str, Any]]:
-    """Fit, then evaluate; on the calibration data itself without running the base model over it twice.
-
-    The same as ``calibrated = CalibratedModel.fit(model, calibration_data, method=method,
-    validation_data=validation_data, temperature_data=temperature_data, dataset_name=dataset_name,
-    split=split, **options)`` followed by ``calibrated.evaluate(evaluation_data, **evaluation_options)``
-    (``evaluation_data`` None: the calibration data, an in-sample evaluation; ``evaluation_options``:
-    ``n_bins``, ``dataset_name``, ``split``, ``in_sample`` and engine options).
-
-    When the evaluation data are the calibration data (None or the same object) and the evaluation
-    runs the base model as the fit did (the same engine options, except ``progress``,
-    ``num_workers`` and ``seed``; its ``preprocessor`` unset or the fit's), the base logits the fit
-    computed over them are reused: the uncalibrated metrics need no forward pass, nor do the
-    calibrated ones of a logit-space method, whose evaluation loads no input at all. Neural
-    Clamping and the head methods run the calibrated model once (δ and the new head need it). The
-    kept logits (N × C float32) live only during this call.
-
-    Evaluation options are checked before the fit starts. For data whose items are deterministic
-    (no random augmentation in ``__getitem__``), the results are those of the two calls, bit for bit:
-    every method's first pass runs the base model over the whole calibration data in the batches an
-    evaluation uses. A one-shot stream (a generator) can be fitted and evaluated here with a
-    logit-space method, whose evaluation reads no input.
-
-    Returns:
-        (the calibrated model, its evaluation): see :meth:`CalibratedModel.fit` and :meth:`CalibratedModel.evaluate`.
-    """
-    evaluation_settings = dict(evaluation_options or {})
-    own = {key: evaluation_settings.pop(key, default) for key, default in EVALUATION_KEYWORDS.items()}
-    check_evaluation_arguments(own, evaluation_settings)
-    in_sample = evaluation_data is None or evaluation_data is calibration_data
-    reuse = in_sample and same_base_pass(options, evaluation_settings)
-    if in_sample and is_one_shot(calibration_data):
-        require_logit_space_for_one_pass(method, reuse)
-    fitted = fit_calibration(
-        model, (calibration_data, validation_data, temperature_data), method, options,
-        naming=(dataset_name, split), keep_logits=reuse,
-    )
-    calibrated = CalibratedModel._from_fit(model, fitted)
-    data = calibration_data if evaluation_data is None else evaluation_data
-    return calibrated, evaluate_model(calibrated, data, own, evaluation_settings, kept=fitted.kept)
-
-
 def register_auto_classes() -> None:
     """Make ``AutoConfig`` / ``AutoModelFor{Image,Sequence}Classification`` (and pipelines) know ``hf_calibrate``."""
     AutoConfig.register(CalibratedConfig.model_type, CalibratedConfig, exist_ok=True)
@@ -386,4 +294,7 @@ def register_auto_classes() -> None:
 
 
 
+#: fit's docstring names every registered method (:mod:`hf_calibrate.fitting.method_docs`), in place of its placeholder
+CalibratedModel.fit.__func__.__doc__ = with_method_list(
+    CalibratedModel.fit.__doc__, inspect.signature(CalibratedModel.fit).parameters["method"].default)
 register_auto_classes()  # importing the model makes transformers' pipelines know it (idempotent)

@@ -23,8 +23,8 @@ from .backbones import Backbone, adapt
 from .calibrators import Calibrator
 from .data import CalibrationData, StreamedData, prepare_data
 from .fitting import Engine, EngineOptions
-from .fitting.scan import scan_stream_locally
-from .fitting.faults import note_nonfinite_outputs
+from .fitting.runtime.scan import scan_stream_locally
+from .fitting.runtime.faults import note_nonfinite_outputs
 from .metrics import CalibrationMetrics
 
 Logits = Tuple[torch.Tensor, torch.Tensor]  # (logits (N, C) float32, labels (N,))

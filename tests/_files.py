@@ -1,8 +1,8 @@
-"""Test data written to disk as users keep it (image folders, artifacts of an older format), shared by test modules."""
+"""Test data written to disk as users keep it (image folders, artifacts of a format this version refuses), shared by
+test modules."""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -20,16 +20,13 @@ def write_image_folder(root: Path, splits: Dict[str, object], class_names: Optio
 
 
 def format_one_artifact(folder: Path) -> None:
-    """Turn a saved artifact into what format 1 wrote (no manifest, no digests, no format-2 keys, version 1)."""
+    """Turn a saved artifact into a format-1 one, as development versions wrote before the first release: version 1,
+    no manifest and no digests."""
     from hf_calibrate.serialization import CALIBRATION_CONFIG
-    from hf_calibrate.serialization.schema import RECORD_SCHEMA
 
     record = json.loads((folder / CALIBRATION_CONFIG).read_text())
     record["format_version"] = 1
-    for path in (path for path, field in RECORD_SCHEMA.items() if field.since >= 2):  # every key format 2 added
-        *parents, key = path.split(".")
-        holder = functools.reduce(lambda part, name: part.get(name) or {}, parents, record)
-        holder.pop(key, None)
-    record.pop("record_sha256", None)
-    record.pop("evaluation", None)
+    for key in ("manifest", "sha256"):
+        record["files"].pop(key)
+    record.pop("record_sha256")
     (folder / CALIBRATION_CONFIG).write_text(json.dumps(record))

@@ -194,7 +194,6 @@ def batch_of(dataset: Dataset, count: Optional[int] = None) -> Dict[str, torch.T
 # ----------------------------------------------------------------------------- bases and fits
 
 KINDS = ("timm", "vit", "bert")
-HEAD_METHODS = ("tst", "vtst", "mac_cal")  # methods that train a new classifier head
 
 
 def vit_image_processor() -> Any:
@@ -244,12 +243,13 @@ def fit(base: nn.Module, data: Dataset, method: str, **options: Any) -> Any:
     the fall-back to temperature scaling.
     """
     from hf_calibrate import CalibratedModel
+    from hf_calibrate.calibrators import CALIBRATORS
 
     options.setdefault("progress", False)
     if method == "neural_clamping":
         for key, value in dict(epochs=2, batch_size=32, holdout_fraction=0.0).items():
             options.setdefault(key, value)
-    elif method in HEAD_METHODS:
+    elif method in CALIBRATORS and CALIBRATORS[method].needs_features:  # a method that trains a new classifier head
         options.setdefault("epochs", 2)
     return CalibratedModel.fit(base, data, method=method, **options)
 

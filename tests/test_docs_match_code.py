@@ -1,14 +1,16 @@
-"""The public docs say what the code does (issue 30, item 3), so they cannot drift apart.
+"""The public docs say what the code does, so they cannot drift apart.
 
-* **Data forms.** The README lists the forms calibration and evaluation data may take, between the markers
+* **Data forms.** ``docs/usage.md`` lists the forms calibration and evaluation data may take, between the markers
   ``<!-- data-forms: start -->`` and ``<!-- data-forms: end -->``, each form's lead phrase in bold (``**a list of
   batches**``). ``CalibratedModel.fit``'s and ``CalibratedModel.evaluate``'s docstrings must name every one of those
   phrases (compared without Markdown/reST backticks, case or line breaks), and every form has a tiny real example here
   that ``fit`` and ``evaluate`` take, giving the calibrator and the metrics of the same samples as a map-style
-  ``TensorDataset`` — a form added to the README without an example, or an example of a form the README no longer
-  lists, fails :func:`test_every_form_the_readme_lists_has_an_example_here`.
+  ``TensorDataset`` — a form added to the page without an example, or an example of a form the page no longer
+  lists, fails :func:`test_every_form_the_page_lists_has_an_example_here`.
 * **Method names.** Every method the library defines (and ``auto``) is named by ``fit``'s docstring and by the README's
-  table of methods.
+  "Which method to use" section.
+* **One recommendation.** The README's and ``docs/choosing-a-method.md``'s "Which method?" name ``fit``'s default and
+  the CLI's, and the fast choice ``fit``'s docstring and the CLI's help name.
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ from hf_calibrate import CalibratedModel
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: the page that lists the data forms (the README names them in short and links to it)
+USAGE = ROOT / "docs" / "usage.md"
+#: the pages whose "Which method?" paragraph recommends a method
+RECOMMENDING = (README, ROOT / "docs" / "choosing-a-method.md")
 START, END = "<!-- data-forms: start -->", "<!-- data-forms: end -->"
-#: the README listed six forms when this test was written; fewer means the parsing (or the list) broke
+#: the list had six forms when this test was written; fewer means the parsing (or the list) broke
 LEAST_FORMS = 6
 
 
@@ -39,10 +46,10 @@ def normalised(text: str) -> str:
     return " ".join(re.sub(r"[`*]", "", text).lower().split())
 
 
-def readme_data_forms(text: str) -> List[str]:
-    """The bold lead phrases between the data-forms markers of README ``text``, normalised, in order."""
+def listed_data_forms(text: str) -> List[str]:
+    """The bold lead phrases between the data-forms markers of ``text`` (docs/usage.md), normalised, in order."""
     if text.count(START) != 1 or text.count(END) != 1:
-        raise ValueError(f"the README must hold {START!r} and {END!r} once each, around its list of data forms")
+        raise ValueError(f"the page must hold {START!r} and {END!r} once each, around its list of data forms")
     listed = text[text.index(START) + len(START) : text.index(END)]
     return [normalised(phrase) for phrase in re.findall(r"\*\*(.+?)\*\*", listed, flags=re.S)]
 
@@ -55,30 +62,30 @@ def missing_forms(docstring: str, forms: List[str]) -> List[str]:
 
 @pytest.fixture(scope="module")
 def forms() -> List[str]:
-    return readme_data_forms(README.read_text(encoding="utf-8"))
+    return listed_data_forms(USAGE.read_text(encoding="utf-8"))
 
 
-# ----------------------------------------------------------------------------- the README's list, parsed
+# ----------------------------------------------------------------------------- the page's list, parsed
 
 
-def test_the_readme_lists_the_data_forms_between_its_markers(forms):
+def test_the_usage_page_lists_the_data_forms_between_its_markers(forms):
     assert len(forms) >= LEAST_FORMS, forms
     assert len(set(forms)) == len(forms), forms
     assert "a dataloader" in forms and "a generator" in forms  # the first and the last of the list
 
 
-def test_the_parser_reads_only_the_marked_list_and_refuses_a_readme_without_it():
+def test_the_parser_reads_only_the_marked_list_and_refuses_a_page_without_it():
     text = f"**not a form** {START}**a `DataLoader`** of pairs; or **a\n  generator** (read once){END} **nor this**"
-    assert readme_data_forms(text) == ["a dataloader", "a generator"]
+    assert listed_data_forms(text) == ["a dataloader", "a generator"]
     with pytest.raises(ValueError, match="data-forms: start"):
-        readme_data_forms(text.replace(END, ""))
+        listed_data_forms(text.replace(END, ""))
 
 
 # ----------------------------------------------------------------------------- the docstrings name them
 
 
 @pytest.mark.parametrize("function", [CalibratedModel.fit, CalibratedModel.evaluate], ids=["fit", "evaluate"])
-def test_fit_and_evaluate_name_every_form_the_readme_lists(function, forms):
+def test_fit_and_evaluate_name_every_form_the_page_lists(function, forms):
     assert missing_forms(function.__doc__, forms) == [], f"{function.__qualname__}'s docstring does not name these forms"
 
 
@@ -104,7 +111,7 @@ class Samples(IterableDataset):
 
 
 def _examples(x: torch.Tensor, y: torch.Tensor) -> Dict[str, Dict[str, Callable[[], Any]]]:
-    """README form (normalised lead phrase) → {variant: a factory of the same 64 samples in that form} (a stream is read
+    """Listed form (normalised lead phrase) → {variant: a factory of the same 64 samples in that form} (a stream is read
     by one call, so each call builds it anew)."""
     import datasets
 
@@ -148,7 +155,7 @@ def plain():
     return model, data, reference, reference.evaluate(data, progress=False, bootstrap=0, in_sample=True)
 
 
-def test_every_form_the_readme_lists_has_an_example_here(forms, plain):
+def test_every_form_the_page_lists_has_an_example_here(forms, plain):
     _, data, _, _ = plain
     assert sorted(_examples(*data.tensors)) == sorted(forms)
 
@@ -170,7 +177,7 @@ def test_every_listed_form_is_fitted_and_evaluated_like_the_map_style_samples(fo
 
 
 def test_a_generator_is_read_once_and_refused_by_neural_clamping_naming_the_fix(plain):
-    """The README's words on the last form: fine for the one-pass methods, refused by Neural Clamping."""
+    """The page's words on the last form: fine for the one-pass methods, refused by Neural Clamping."""
     model, data, _, _ = plain
     x, y = data.tensors
     with pytest.raises(ValueError, match="callable that returns a new iterator"):
@@ -179,7 +186,7 @@ def test_a_generator_is_read_once_and_refused_by_neural_clamping_naming_the_fix(
 
 
 def test_raw_image_rows_get_the_models_own_preprocessing():
-    """The README: a ``datasets.Dataset`` with a raw ``image`` column is preprocessed with the model's own
+    """docs/usage.md: a ``datasets.Dataset`` with a raw ``image`` column is preprocessed with the model's own
     preprocessing (timm's data config): the same calibrator as the images preprocessed by hand."""
     import datasets
     import timm.data
@@ -202,35 +209,72 @@ def test_raw_image_rows_get_the_models_own_preprocessing():
 
 def _built_in_methods() -> List[str]:
     from hf_calibrate.calibrators import CALIBRATORS
-    from hf_calibrate.fitting.auto import AUTO
+    from hf_calibrate.fitting.auto.selection import AUTO
 
     return [name for name, cls in CALIBRATORS.items() if cls.__module__.startswith("hf_calibrate.")] + [AUTO]
 
 
-def test_fit_and_the_readme_name_every_method():
-    readme = README.read_text(encoding="utf-8")
-    table = readme[readme.index("### Methods") : readme.index("###", readme.index("### Methods") + 1)]
+def _section(text: str, heading: str) -> str:
+    """The Markdown section of ``text`` under ``heading`` (a ``## `` line), up to the next heading of its level."""
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_fit_and_the_methods_page_name_every_method_and_the_readme_links_it():
+    """``fit``'s docstring and docs/methods.md (both rendered from the registry) name every method, and the README's
+    "Which method to use" points to that page, so a new method needs no README edit."""
+    section = _section(README.read_text(encoding="utf-8"), "## Which method to use")
+    page = (README.parent / "docs" / "methods.md").read_text(encoding="utf-8")
     methods = _built_in_methods()
     assert len(methods) >= 12, methods
     assert [name for name in methods if f'``"{name}"``' not in CalibratedModel.fit.__doc__] == []
-    assert [name for name in methods if f"`{name}`" not in table] == []
+    assert [name for name in methods if f"`{name}`" not in page] == []
+    assert "docs/methods.md" in section
 
 
-def test_the_readme_the_cli_and_fit_recommend_one_method():
-    """One recommendation: the method the README's "Which method?" names is ``fit``'s default and the CLI's, and
-    the fast alternative it names is what ``fit``'s docstring and the CLI's help call the fast choice."""
+@pytest.mark.parametrize("page", RECOMMENDING, ids=[page.name for page in RECOMMENDING])
+def test_the_readme_the_cli_and_fit_recommend_one_method(page):
+    """One recommendation: the method the README's (and the docs') "Which method?" names is ``fit``'s default and
+    the CLI's, and the fast alternative it names is what ``fit``'s docstring and the CLI's help call the fast choice."""
     import inspect
 
     from hf_calibrate.cli.parser import build_parser
 
-    readme = README.read_text(encoding="utf-8")
-    recommended = re.search(r"\*\*Which method\? The default, [^(]*\(`(\w+)`\)\.\*\*", readme)
-    assert recommended, "the README's 'Which method?' paragraph names no method"
+    text = page.read_text(encoding="utf-8")
+    recommended = re.search(r"\*\*Which method\? The default, [^(]*\(`(\w+)`\)\.\*\*", text)
+    assert recommended, f"{page.name}'s 'Which method?' paragraph names no method"
     fit_default = inspect.signature(CalibratedModel.fit).parameters["method"].default
     cli = build_parser().parse_args(["fit", "--model", "m", "--dataset", "d", "--output", "o"])
     assert recommended.group(1) == fit_default == cli.method
     assert f'``"{fit_default}"`` (default, the recommended method' in CalibratedModel.fit.__doc__
-    fast = re.search(r'`method="(\w+)"` is the fast choice', readme)
+    fast = re.search(r'`method="(\w+)"` is the fast choice', text)
     assert fast and f'``"{fast.group(1)}"``, the fast choice' in CalibratedModel.fit.__doc__
     commands = next(action for action in build_parser()._actions if action.choices and "fit" in action.choices)
     assert f"'{fast.group(1)}' is the fast choice" in " ".join(commands.choices["fit"].format_help().split())
+
+
+# ----------------------------------------------------------------------------- the README's commands and links
+
+#: the README's two commands, kept word for word: the demo (its install line) and the test suite (what .ci/run runs)
+DEMO_COMMAND = 'python3 -m venv .venv && .venv/bin/pip install -e ".[demo]" -c constraints.txt && .venv/bin/hf-calibrate demo'
+TEST_COMMAND = 'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" -c constraints.txt && .venv/bin/python -m pytest'
+
+
+def _bash_lines(text: str) -> List[str]:
+    """Every line of the ``bash`` code blocks of Markdown ``text``."""
+    return [line for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S) for line in block.splitlines()]
+
+
+def test_the_readme_shows_the_demo_and_test_commands_and_ci_runs_the_test_command():
+    commands = _bash_lines(README.read_text(encoding="utf-8"))
+    assert DEMO_COMMAND in commands and TEST_COMMAND in commands
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+
+
+def test_the_readmes_relative_links_name_files_of_the_repository():
+    """The README is not a page of the docs site, so ``mkdocs build --strict`` does not check its links: this does."""
+    targets = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    relative = [target for target in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", target)]
+    assert len(relative) >= 10, relative
+    assert [target for target in relative if not (ROOT / target).exists()] == []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from .._errors import UserError
 from .._probabilities import LOGITS, PROBABILITIES, as_logits, rows_not_softmax
+from .._warnings import warn_user
 from ..metrics._checks import describe_positions
 
 Inputs = Dict[str, Any]
@@ -76,6 +76,7 @@ class Backbone(ABC):
     def __init__(self, model: nn.Module, classifier: Optional[str] = None) -> None:
         self.model = model
         self._classifier: Optional[Tuple[str, nn.Linear]] = None
+        self._warned_length = False  # a text longer than calibrated_max_length was warned about (text backbones)
         if classifier is not None:
             self._classifier = self._named_classifier(classifier)
 
@@ -217,11 +218,10 @@ class Backbone(ABC):
         if len(candidates) > 1:
             reason = "the one its config names" if name == declared else "the last one"
             outputs = f" with {self.num_classes} outputs" if self.num_classes is not None else ""
-            warnings.warn(
+            warn_user(
                 f"{type(self.model).__name__} has {len(candidates)} nn.Linear layers{outputs} "
                 f"({', '.join(candidates)}); the classifier the head methods replace is {name!r} ({reason}). "
-                f"Pass classifier='{name}' to keep this choice, or name another of them.",
-                stacklevel=2,
+                f"Pass classifier='{name}' to keep this choice, or name another of them."
             )
         return name, dict(self.model.named_modules())[name]
 
@@ -307,9 +307,9 @@ class Backbone(ABC):
             )
         return as_logits(probabilities)
 
-    def token_counts(self, inputs: Inputs) -> Optional[torch.Tensor]:
-        """(N,) the number of tokens of each text in a batch of text inputs; None for other inputs."""
-        return None
+    def warn_if_longer_than_calibrated(self, inputs: Inputs) -> None:
+        """Warn, once, when a text of ``inputs`` is longer than :attr:`calibrated_max_length` (text backbones; others
+        take no texts)."""
 
     def check_delta(self, target: torch.Tensor, delta: torch.Tensor, per_sample_dims: int) -> None:
         """Raise a clear error when δ does not fit the per-sample part of ``target``.

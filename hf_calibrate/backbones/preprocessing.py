@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .._warnings import warn_user
@@ -244,12 +243,11 @@ def warn_if_not_declared(backbone: Backbone, contract: Mapping[str, Any], prepro
     for where, declared in backbone.declared_input_sizes(preprocessor):
         if tuple(size[-len(declared):]) == tuple(declared):
             continue
-        warnings.warn(
+        warn_user(
             f"the calibration data have input size {format_size(size)}, but {where} declares {format_size(declared)}. "
             f"The calibration holds at {format_size(size)} only: that size is recorded (input_contract in "
             "calibration_config.json) and the saved preprocessing resizes to it, so pipelines and from_pretrained "
-            f"users get {format_size(size)} inputs; preprocess your own inputs to {format_size(size)} too.",
-            stacklevel=5,  # the caller of CalibratedModel.fit (via input_contract and fitting.calibrate.fit_calibration)
+            f"users get {format_size(size)} inputs; preprocess your own inputs to {format_size(size)} too."
         )
 
 
@@ -324,11 +322,10 @@ def contract_preprocessor(preprocessor: Any, contract: Optional[Mapping[str, Any
     size = contract.get("input_size")
     processor, produces_size = sized_image_processor(preprocessor, size)
     if not produces_size:
-        warnings.warn(
+        warn_user(
             f"could not make the image processor ({type(preprocessor).__name__}) produce {format_size(size[-2:])} images, "
             f"the size the model was calibrated at; it is kept as it is. Preprocess inputs to {format_size(size)} "
-            "yourself, or calibrate on data this processor produces.",
-            stacklevel=4,  # the caller of CalibratedModel.fit (via fitting.calibrate.fit_calibration)
+            "yourself, or calibrate on data this processor produces."
         )
     return processor
 
@@ -357,10 +354,9 @@ def evaluation_options(contract: Optional[Mapping[str, Any]], options: Mapping[s
     limit = ((contract or {}).get("preprocessing") or {}).get("max_length")
     given = options.get("max_length")
     if limit is not None and given is not None and given != limit:
-        warnings.warn(
+        warn_user(
             f"evaluating with max_length={given}, but the model was calibrated on texts truncated to max_length={limit}: "
-            f"its confidences hold for inputs preprocessed like that. Leave max_length unset to use {limit}.",
-            stacklevel=5,  # the caller of CalibratedModel.evaluate (via model_evaluation.evaluate_model and accumulate; or compare's)
+            f"its confidences hold for inputs preprocessed like that. Leave max_length unset to use {limit}."
         )
     if limit is not None and given is None:
         options["max_length"] = limit
@@ -376,9 +372,8 @@ def _warn_if_other_size(preprocessor: Any, contract: Optional[Mapping[str, Any]]
     produced = processor_output_size(preprocessor)
     if size is None or produced is None or tuple(size[-2:]) == produced:
         return
-    warnings.warn(
+    warn_user(
         f"the preprocessor passed produces {format_size(produced)} images, but the model was calibrated at "
         f"{format_size(size)}: its confidences hold for inputs of that size. Leave preprocessor unset to use the "
-        "model's own.",
-        stacklevel=6,  # the caller of CalibratedModel.evaluate (via evaluation_options, model_evaluation.evaluate_model and accumulate)
+        "model's own."
     )

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .._warnings import warn_user
 from .base import Backbone, Inputs
 from .preprocessing import image_preprocessing, is_tokenizer, processor_sizes, timm_facts, tokenizer_facts
 
@@ -173,7 +174,21 @@ class TransformersTextBackbone(_TransformersBackbone):
             return torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         return (input_ids != pad_id).to(torch.float32)
 
-    def token_counts(self, inputs: Inputs) -> Optional[torch.Tensor]:
+    def warn_if_longer_than_calibrated(self, inputs: Inputs) -> None:
+        """Warn, once per model, when a text is longer than the ``max_length`` the calibration was fitted at: its
+        confidences hold for the texts it saw, truncated there."""
+        limit, padded = self.calibrated_max_length, inputs.get(self.input_key)
+        if limit is None or self._warned_length or (isinstance(padded, torch.Tensor) and padded.shape[-1] <= limit):
+            return  # no text of the batch can be longer (and the counts below would wait for the device)
+        tokens = self._token_counts(inputs)
+        if tokens is None or int(tokens.max()) <= limit:
+            return
+        self._warned_length = True
+        warn_user(f"this input holds a text of {int(tokens.max())} tokens, longer than the max_length={limit} the "
+                  f"calibration was fitted at (its texts were truncated there), so its calibrated confidence is not "
+                  f"known to hold. {self.truncation_advice(limit)} (Said once per model.)")
+
+    def _token_counts(self, inputs: Inputs) -> Optional[torch.Tensor]:
         """(N,) each text's tokens: its attention mask's ones (padding left out), else the batch's length."""
         ids = inputs.get(self.input_key)
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] == 0:

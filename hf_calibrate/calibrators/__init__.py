@@ -3,32 +3,33 @@
 Method names (``CalibratedModel.fit(..., method=...)``) map to classes in :data:`CALIBRATORS`: a
 class registers itself by naming its ``method`` (``Calibrator.__init_subclass__``), so a new
 method is one new class in one new module of this package: importing the package imports every
-module in it (:func:`_import_method_modules`), so no list here names it (CONTRIBUTING.md).
+module in it (:func:`_import_method_modules`), so no list here names it (CONTRIBUTING.md). What
+lists the methods is derived from :data:`CALIBRATORS`: ``--method``, ``fit``'s docstring,
+docs/methods.md (:mod:`hf_calibrate.fitting.method_docs`) and ``method="auto"``'s candidates
+(:attr:`Calibrator.auto_role`).
 """
 
 from __future__ import annotations
 
 # isort: off -- the modules are imported in the order CALIBRATORS lists their methods (error messages, --method)
-from .base import CALIBRATORS, Calibrator, InvalidOptionError, calibrator_class, options_to_dict, parse_options
+from .base import CALIBRATORS, AutoRole, Calibrator, ModelFacts, calibrator_class
+from .options import InvalidOptionError, options_to_dict, parse_options
 from .temperature import TemperatureScaling, fit_inverse_temperature
 from .linear import DirichletCalibration, MatrixScaling, RegularisedOptions, VectorScaling, fit_dirichlet, fit_matrix, fit_vector
 from .structured_vector import StructuredVectorScaling
 from .structured_matrix import StructuredMatrixScaling
-from .binning import HistogramBinning, IsotonicCalibration
+from .binning import HistogramBinning
+from .isotonic import IsotonicCalibration
 from .neural_clamping import NeuralClamping, focal_loss
 from .heads import HeadCalibrator, TwoStageHead, VariationalTwoStageHead
 from .mac_cal import MaskedClassifierHead
 # isort: on
 from .holdout import cross_fitting_folds, select_by_cross_fitting
 from .requirements import DataRequirements, InsufficientDataError
-from . import heads as _heads, mac_cal as _mac_cal
-
-# MaC-Cal's classes were defined in .heads before they moved to .mac_cal (which builds on .heads): they are still found
-# there, for old imports and objects pickled by reference (importing .heads runs this package first).
-_heads.MaskedClassifierHead, _heads._MaskedLinear = _mac_cal.MaskedClassifierHead, _mac_cal._MaskedLinear
 
 __all__ = [
     "CALIBRATORS",
+    "AutoRole",
     "Calibrator",
     "DataRequirements",
     "DirichletCalibration",
@@ -39,6 +40,7 @@ __all__ = [
     "IsotonicCalibration",
     "MaskedClassifierHead",
     "MatrixScaling",
+    "ModelFacts",
     "NeuralClamping",
     "RegularisedOptions",
     "StructuredMatrixScaling",

@@ -1,4 +1,4 @@
-"""Non-parametric calibration maps: histogram binning and isotonic regression.
+"""Non-parametric calibration maps: histogram binning here, isotonic regression in :mod:`.isotonic`, and what they share.
 
 Both fit a monotone-in-spirit map g from a score to a frequency, in one of two modes:
 * ``"top_label"`` (default): g maps the confidence c = max_k p_k to P(correct | c); the
@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-import numpy as np
 import torch
 
 from ..metrics.functional import equal_width_bin_index
-from .base import Calibrator, Range, check_fields, chunk_rows, ranged, require
+from .base import NO_FACTS, Calibrator, ModelFacts, chunk_rows
+from .options import Range, check_fields, ranged, require
 from .holdout import cross_fitting_folds, default_folds, fit_groups, select_by_cross_fitting
-from .isotonic_ovr import one_vs_rest_isotonic_knots
 from .memory import Footprint
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, starting_temperature_warnings
@@ -58,20 +57,18 @@ BINS = Range(1, MAX_BINS)
 #: m, in pseudo-samples: at 10⁶ a map is temperature scaling's averaged per bin or block to within what a fit can tell
 #: (m = ∞ is a candidate of the default selection)
 PRIOR = Range(0.0, 1e6)
-#: the most knots an isotonic map keeps (its state is maps × knots × 2 float64 values)
-MAX_KNOTS = 2048
 #: what binning and isotonic regression need: errors to learn a confidence from, and rows to fill a few bins
 BINNING_REQUIREMENTS = DataRequirements(rows=10, classes=1, errors=1, advised_rows=100)
 #: probabilities, TS's probabilities (the prior's centres), scores and targets, the calibrated rows
 BINNING_FOOTPRINT = Footprint(rows=5)
 
 
-def _check_mode(mode: str) -> str:
+def check_mode(mode: str) -> str:
     require(isinstance(mode, str) and mode in MODES, "mode", mode, f"one of {MODES}")
     return mode
 
 
-def _scores(probs: torch.Tensor, mode: str) -> torch.Tensor:
+def mode_scores(probs: torch.Tensor, mode: str) -> torch.Tensor:
     """(maps, N) scores a map is applied to: the confidence (1 map) or each p_k (C maps)."""
     return probs.max(dim=1).values[None] if mode == "top_label" else probs.T.contiguous()
 
@@ -110,7 +107,7 @@ def _top_label_vector(probs: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     return calibrated.scatter(1, predictions[:, None], top[:, None])
 
 
-def _assemble(probs: torch.Tensor, mapped: torch.Tensor, mode: str) -> torch.Tensor:
+def assemble(probs: torch.Tensor, mapped: torch.Tensor, mode: str) -> torch.Tensor:
     """Calibrated log-probabilities from the mapped scores (maps, N)."""
     if mode == "one_vs_rest":
         calibrated = mapped.T.clamp_min(0)
@@ -164,7 +161,7 @@ def scored_rows(logits: torch.Tensor, labels: torch.Tensor, mode: str) -> Scored
     """:class:`Scored` of (N, C) logits and (N,) labels, with temperature scaling fitted on them for the centres."""
     probs = torch.softmax(logits.double(), dim=1)
     beta = fit_inverse_temperature(logits.detach(), labels)[0]
-    return Scored(_scores(probs, mode), _targets(probs, labels, mode), _scores(torch.softmax(logits.double() * beta, dim=1), mode))
+    return Scored(mode_scores(probs, mode), _targets(probs, labels, mode), mode_scores(torch.softmax(logits.double() * beta, dim=1), mode))
 
 
 def smoothed(hits: torch.Tensor, counts: torch.Tensor, centre_sums: torch.Tensor, prior: float, floor: float) -> torch.Tensor:
@@ -199,14 +196,14 @@ def select_prior(
         fit_rows, held_rows = (rows.to(logits.device) for rows in folds[fold])
         apply = fit_map(logits[fit_rows], labels[fit_rows], prior)
         probs = torch.softmax(logits[held_rows].double(), dim=1)
-        log_probs = _assemble(probs, apply(_scores(probs, mode)), mode)
+        log_probs = assemble(probs, apply(mode_scores(probs, mode)), mode)
         return -log_probs.gather(1, labels[held_rows, None]).squeeze(1)
 
     selection = select_by_cross_fitting((math.inf, *options.prior_grid), folds, held_out_nll)
     return selection.chosen, selection.scores
 
 
-def _prior_summary(prior: float, scores: Dict[str, float], logits: torch.Tensor, labels: torch.Tensor, method: str) -> Dict[str, Any]:
+def prior_summary(prior: float, scores: Dict[str, float], logits: torch.Tensor, labels: torch.Tensor, method: str) -> Dict[str, Any]:
     """The summary's record of the prior: ``prior`` (None for m = ∞), the candidates' cross-fitted NLL, and the
     ``warnings`` of the temperature scaling it is centred on, fitted on (N, C) ``logits`` and (N,) ``labels`` (none for
     m = 0, which has no centre)."""
@@ -249,12 +246,12 @@ class HistogramBinning(Calibrator):
 
         def __post_init__(self) -> None:
             check_fields(self)
-            _check_mode(self.mode)
+            check_mode(self.mode)
             self.check_prior()
 
     def __init__(self, num_classes: int, n_bins: int = 15, mode: str = "top_label") -> None:
         super().__init__(num_classes)
-        self.mode = _check_mode(mode)
+        self.mode = check_mode(mode)
         if n_bins not in BINS:
             raise ValueError(f"n_bins must be {BINS.describe(integer=True)}, got {n_bins}.")
         maps = 1 if mode == "top_label" else num_classes
@@ -262,7 +259,7 @@ class HistogramBinning(Calibrator):
         self.register_buffer("bin_values", midpoints.repeat(maps, 1))
 
     @classmethod
-    def create(cls, num_classes: int, options: "HistogramBinning.Options", **facts: Any) -> "HistogramBinning":
+    def create(cls, num_classes: int, options: "HistogramBinning.Options", facts: ModelFacts = NO_FACTS) -> "HistogramBinning":
         return cls(num_classes, n_bins=options.n_bins, mode=options.mode)
 
     @property
@@ -274,8 +271,8 @@ class HistogramBinning(Calibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits.double(), dim=1)
-        mapped = self.bin_values.gather(1, equal_width_bin_index(_scores(probs, self.mode), self.n_bins))
-        return _assemble(probs, mapped, self.mode).to(logits.dtype)
+        mapped = self.bin_values.gather(1, equal_width_bin_index(mode_scores(probs, self.mode), self.n_bins))
+        return assemble(probs, mapped, self.mode).to(logits.dtype)
 
     def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "HistogramBinning.Options") -> Dict[str, Any]:
         if self.n_bins > len(labels):
@@ -285,7 +282,7 @@ class HistogramBinning(Calibrator):
         values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
         with torch.no_grad():
             self.bin_values.copy_(torch.where(counts > 0, values, self.bin_values))
-        return {"empty_bins": int((counts == 0).sum()), **_prior_summary(prior, scores, logits, labels, self.method)}
+        return {"empty_bins": int((counts == 0).sum()), **prior_summary(prior, scores, logits, labels, self.method)}
 
     def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
         values, counts = histogram_values(logits, labels, self.n_bins, self.mode, prior)
@@ -327,134 +324,3 @@ def _one_vs_rest_counts(logits: torch.Tensor, labels: torch.Tensor, n_bins: int,
         centre_sums += torch.bincount(flat, weights=torch.softmax(chunk * beta, dim=1).flatten(), minlength=classes * n_bins)
         hits += torch.bincount(offsets[y] + index.gather(1, y[:, None]).squeeze(1), minlength=classes * n_bins)
     return counts.view(classes, n_bins), hits.view(classes, n_bins), centre_sums.view(classes, n_bins)
-
-
-# ----------------------------------------------------------------------------- isotonic regression
-
-
-def smoothed_isotonic_knots(scores: np.ndarray, targets: np.ndarray, centres: np.ndarray, prior: float, floor: float) -> Tuple[np.ndarray, np.ndarray]:
-    """Knots (x, y) of the increasing isotonic fit of targets on scores (ties merged), with the prior towards TS.
-
-    With m = ``prior`` > 0 each distinct score x_j keeps temperature scaling's value t̄_j (the mean
-    TS-calibrated score of its samples) plus its isotonic block's correction shrunk by m
-    pseudo-samples, y_j = t̄_j + (hits_B − Σ_B t) / (n_B + m), clipped to [floor, 1 − floor] and made
-    monotone by a weighted isotonic fit: m = ∞ follows TS (to the extent TS's score is monotone in
-    the uncalibrated one), m → 0 the block frequencies. m = 0 is the classic fit. At most
-    :data:`MAX_KNOTS` knots are kept (evenly spaced among the changes, both ends always);
-    otherwise both ends of every constant block, so linear interpolation between them is exact.
-    """
-    from scipy.optimize import isotonic_regression
-
-    x, inverse = np.unique(scores, return_inverse=True)
-    weights, hits, centre_sums = (np.bincount(inverse, weights=values) for values in (np.ones_like(targets), targets, centres))
-    fitted = isotonic_regression(hits / weights, weights=weights, increasing=True).x
-    if prior != 0:
-        block = np.concatenate([[0], np.cumsum(np.diff(fitted) != 0)])
-        residual = np.bincount(block, weights=hits - centre_sums) / (np.bincount(block, weights=weights) + prior)
-        values = np.clip(centre_sums / weights + residual[block], floor, 1 - floor)
-        fitted = isotonic_regression(values, weights=weights, increasing=True).x
-    changes = np.flatnonzero(np.diff(fitted) != 0)
-    keep = np.unique(np.concatenate([[0], changes, changes + 1, [len(x) - 1]]))
-    if len(keep) > MAX_KNOTS:
-        keep = keep[np.unique(np.linspace(0, len(keep) - 1, MAX_KNOTS).round().astype(np.int64))]
-    return x[keep], fitted[keep]
-
-
-def isotonic_knots(logits: torch.Tensor, labels: torch.Tensor, mode: str, prior: float) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """Per map, the knots (x, y) of the isotonic fit with the prior m = ``prior`` on (N, C) logits.
-
-    The unsmoothed one-vs-rest fit (m = 0) avoids sorting every class's N scores
-    (:func:`.isotonic_ovr.one_vs_rest_isotonic_knots`) where the classes are balanced enough.
-    """
-    fits = one_vs_rest_isotonic_knots(logits, labels) if mode == "one_vs_rest" and prior == 0 else None
-    if fits is None:
-        rows = scored_rows(logits, labels, mode)
-        arrays = (rows.scores.cpu().numpy(), rows.targets.cpu().numpy(), rows.centres.cpu().numpy())
-        fits = [smoothed_isotonic_knots(*row, prior, floor_of(len(labels))) for row in zip(*arrays)]
-    return fits
-
-
-def padded_knots(fits: List[Tuple[np.ndarray, np.ndarray]]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(maps, K) knots_x and knots_y, each map's knots padded to a common length K ≥ 2 by repeating its last."""
-    length = max(2, max(len(x) for x, _ in fits))  # one distinct score gives one knot; the format needs two
-    knots_x = np.stack([np.pad(x, (0, length - len(x)), mode="edge") for x, _ in fits])
-    knots_y = np.stack([np.pad(y, (0, length - len(y)), mode="edge") for _, y in fits])
-    return torch.from_numpy(knots_x), torch.from_numpy(knots_y)
-
-
-def _interpolate(queries: torch.Tensor, knots_x: torch.Tensor, knots_y: torch.Tensor) -> torch.Tensor:
-    """Piecewise-linear interpolation per row, clipped to the end values; (maps, N)."""
-    last = knots_x.shape[1] - 1
-    upper_index = torch.searchsorted(knots_x, queries.contiguous(), right=True).clamp(max=last)
-    lower_index = (upper_index - 1).clamp(min=0)
-    x0, x1 = knots_x.gather(1, lower_index), knots_x.gather(1, upper_index)
-    y0, y1 = knots_y.gather(1, lower_index), knots_y.gather(1, upper_index)
-    width = x1 - x0
-    t = torch.where(width > 0, (queries - x0) / width.clamp_min(torch.finfo(width.dtype).tiny), torch.ones_like(x0))
-    return y0 + t.clamp(0, 1) * (y1 - y0)
-
-
-class IsotonicCalibration(Calibrator):
-    """Isotonic regression (Zadrozny & Elkan, 2002) with linear interpolation between knots.
-
-    Knots are padded per map to a common length by repeating the last knot; their count is
-    part of :meth:`config` so a saved state loads into buffers of the right shape.
-    """
-
-    method = "isotonic"
-    title = "isotonic regression"
-    description = ("Confidences are mapped through a monotone piecewise-linear function fitted by isotonic regression on "
-                   "the calibration data, smoothed towards temperature scaling by a prior whose weight is chosen by "
-                   "cross-fitted NLL.")
-    citation = (
-        "@inproceedings{zadrozny2002transforming, title={Transforming classifier scores into accurate multiclass "
-        "probability estimates}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={KDD}, year={2002}}"
-    )
-    requirements, footprint = BINNING_REQUIREMENTS, BINNING_FOOTPRINT
-
-    @dataclasses.dataclass
-    class Options(PriorOptions):
-        """Fit options of isotonic regression (and those of :class:`PriorOptions`: ``prior``, ``prior_grid``, ``folds``, ``seed``).
-
-        Attributes:
-            mode: ``"top_label"`` (default) or ``"one_vs_rest"``.
-        """
-
-        mode: str = "top_label"
-
-        def __post_init__(self) -> None:
-            check_fields(self)
-            _check_mode(self.mode)
-            self.check_prior()
-
-    def __init__(self, num_classes: int, mode: str = "top_label", num_knots: int = 2) -> None:
-        super().__init__(num_classes)
-        self.mode = _check_mode(mode)
-        if num_knots < 2:
-            raise ValueError(f"num_knots must be >= 2, got {num_knots}.")
-        maps = 1 if mode == "top_label" else num_classes
-        identity = torch.linspace(0, 1, num_knots, dtype=torch.float64).repeat(maps, 1)
-        self.register_buffer("knots_x", identity)
-        self.register_buffer("knots_y", identity.clone())
-
-    @classmethod
-    def create(cls, num_classes: int, options: "IsotonicCalibration.Options", **facts: Any) -> "IsotonicCalibration":
-        return cls(num_classes, mode=options.mode)
-
-    def config(self) -> Dict[str, Any]:
-        return {"num_classes": self.num_classes, "mode": self.mode, "num_knots": int(self.knots_x.shape[1])}
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(logits.double(), dim=1)
-        mapped = _interpolate(_scores(probs, self.mode), self.knots_x, self.knots_y)
-        return _assemble(probs, mapped, self.mode).to(logits.dtype)
-
-    def _fit_logits(self, logits: torch.Tensor, labels: torch.Tensor, options: "IsotonicCalibration.Options") -> Dict[str, Any]:
-        prior, scores = select_prior(logits, labels, self.mode, options, self._fitted_map)
-        knots_x, knots_y = padded_knots(isotonic_knots(logits, labels, self.mode, prior))
-        self.knots_x, self.knots_y = knots_x.to(self.knots_x.device), knots_y.to(self.knots_y.device)
-        return {"num_knots": int(knots_x.shape[1]), **_prior_summary(prior, scores, logits, labels, self.method)}
-
-    def _fitted_map(self, logits: torch.Tensor, labels: torch.Tensor, prior: float) -> Callable[[torch.Tensor], torch.Tensor]:
-        knots_x, knots_y = (knots.to(logits.device) for knots in padded_knots(isotonic_knots(logits, labels, self.mode, prior)))
-        return lambda scores: _interpolate(scores, knots_x, knots_y)

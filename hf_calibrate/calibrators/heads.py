@@ -13,7 +13,7 @@ split, scales its logits. The training loops live in :mod:`hf_calibrate.fitting.
   M samples. The M noise vectors ε_m ∈ R^Z are drawn once at fit time from the seed and
   stored, so a sample's prediction does not depend on its batch and survives save/load;
   ``prediction="mean"`` uses z = μ instead.
-* **MaC-Cal**: :mod:`.mac_cal` (its classes, once defined here, are still found here: the package sets them).
+* **MaC-Cal**: :mod:`.mac_cal`, which builds on this module.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import HELD_OUT_SHARE, LEARNING_RATE, Calibrator, Range, check_fields, ranged, require
+from .base import NO_FACTS, AutoRole, Calibrator, ModelFacts
+from .options import HELD_OUT_SHARE, LEARNING_RATE, Range, check_fields, ranged, require
 from .requirements import DataRequirements
 
 PREDICTIONS = ("sample", "mean")
@@ -182,6 +183,8 @@ class TwoStageHead(HeadCalibrator):
     """TST: Linear(d→3Z) → ReLU → Linear(3Z→Z) → Linear(Z→C) on frozen features."""
 
     method = "tst"
+    #: auto trains K + 1 heads per head candidate: only when named
+    auto_role = AutoRole.NAMED
     title = "two-stage training (TST)"
     description = (
         "The base model's feature extractor is frozen and a new classifier head, Linear(d→3Z) → ReLU → Linear(3Z→Z) → "
@@ -208,8 +211,8 @@ class TwoStageHead(HeadCalibrator):
         self.head_module = _TSTHead(feature_dim, latent_dim, num_classes)
 
     @classmethod
-    def create(cls, num_classes: int, options: "TwoStageHead.Options", **facts: Any) -> "TwoStageHead":
-        return cls(num_classes, facts["feature_dim"], latent_dim=options.latent_dim)
+    def create(cls, num_classes: int, options: "TwoStageHead.Options", facts: ModelFacts = NO_FACTS) -> "TwoStageHead":
+        return cls(num_classes, facts.need("feature_dim", cls.method), latent_dim=options.latent_dim)
 
     def config(self) -> Dict[str, Any]:
         return {**super().config(), "latent_dim": self.latent_dim}
@@ -221,29 +224,18 @@ def _encoder(feature_dim: int, latent_dim: int) -> nn.Sequential:
 
 
 class _VariationalHead(nn.Module):
-    """μ and log σ² from two independent branches, as in the authors' code. ``shared_hidden=True``
-    is the layout of records saved before 2026-12 (one hidden layer feeding both heads)."""
+    """μ and log σ² from two independent branches, as in the authors' code."""
 
-    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int, samples: int, prediction: str,
-                 shared_hidden: bool = False) -> None:
+    def __init__(self, feature_dim: int, latent_dim: int, num_classes: int, samples: int, prediction: str) -> None:
         super().__init__()
-        self.shared_hidden = shared_hidden
-        if shared_hidden:
-            self.hidden = nn.Linear(feature_dim, 3 * latent_dim)
-            self.mean = nn.Linear(3 * latent_dim, latent_dim)
-            self.log_variance = nn.Linear(3 * latent_dim, latent_dim)
-        else:
-            self.mean_encoder = _encoder(feature_dim, latent_dim)
-            self.variance_encoder = _encoder(feature_dim, latent_dim)
+        self.mean_encoder = _encoder(feature_dim, latent_dim)
+        self.variance_encoder = _encoder(feature_dim, latent_dim)
         self.classifier = nn.Linear(latent_dim, num_classes)
         self.prediction = prediction
         self.register_buffer("noise", torch.zeros(samples, latent_dim))
 
     def encode(self, features: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """μ (N, Z) and log σ² (N, Z), with log σ² = logsigmoid(·) ≤ 0 (σ² ≤ 1)."""
-        if self.shared_hidden:
-            hidden = F.relu(self.hidden(features))
-            return self.mean(hidden), F.logsigmoid(self.log_variance(hidden))
         return self.mean_encoder(features), F.logsigmoid(self.variance_encoder(features))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -260,6 +252,8 @@ class VariationalTwoStageHead(HeadCalibrator):
     """V-TST: TST with a variational Z-layer; predictions average M softmax samples."""
 
     method = "vtst"
+    #: auto trains K + 1 heads per head candidate: only when named
+    auto_role = AutoRole.NAMED
     title = "variational two-stage training (V-TST)"
     description = (
         "As TST, a new classifier head is trained on the frozen base's penultimate features, but its last hidden layer "
@@ -289,25 +283,19 @@ class VariationalTwoStageHead(HeadCalibrator):
             super().__post_init__()
             require(self.prediction in PREDICTIONS, "prediction", self.prediction, f"one of {PREDICTIONS}")
 
-    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10, prediction: str = "sample",
-                 shared_hidden: bool = False) -> None:
+    def __init__(self, num_classes: int, feature_dim: int, latent_dim: int = 128, samples: int = 10,
+                 prediction: str = "sample") -> None:
         super().__init__(num_classes, feature_dim)
         self.latent_dim, self.samples, self.prediction = int(latent_dim), int(samples), prediction
-        self.shared_hidden = bool(shared_hidden)
-        self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction, self.shared_hidden)
+        self.head_module = _VariationalHead(feature_dim, latent_dim, num_classes, samples, prediction)
 
     @classmethod
-    def create(cls, num_classes: int, options: "VariationalTwoStageHead.Options", **facts: Any) -> "VariationalTwoStageHead":
-        return cls(num_classes, facts["feature_dim"], options.latent_dim, options.samples, options.prediction)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "VariationalTwoStageHead":
-        # records saved before 2026-12 have no "shared_hidden": their μ and log σ² shared one hidden layer
-        return cls(**{"shared_hidden": True, **config})
+    def create(cls, num_classes: int, options: "VariationalTwoStageHead.Options",
+               facts: ModelFacts = NO_FACTS) -> "VariationalTwoStageHead":
+        return cls(num_classes, facts.need("feature_dim", cls.method), options.latent_dim, options.samples, options.prediction)
 
     def config(self) -> Dict[str, Any]:
-        return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction,
-                "shared_hidden": self.shared_hidden}
+        return {**super().config(), "latent_dim": self.latent_dim, "samples": self.samples, "prediction": self.prediction}
 
     def prepare_training(
         self, base_classifier: nn.Linear, options: HeadOptions, training_generator: torch.Generator,

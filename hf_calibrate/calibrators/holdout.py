@@ -143,7 +143,7 @@ def _near_pairs(flat: torch.Tensor, first: torch.Tensor, tolerance: float) -> np
 
 
 def fit_groups(rows: torch.Tensor) -> torch.Tensor:
-    """The (N,) content ids of the rows a logit fit runs on: those its :class:`~.base.FitContext` carries (the caller
+    """The (N,) content ids of the rows a logit fit runs on: those its :class:`~.fit_context.FitContext` carries (the caller
     computed them for the same rows), else :func:`content_groups` of ``rows``."""
     given = fit_context().groups
     return content_groups(rows) if given is None else given

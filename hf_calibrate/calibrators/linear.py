@@ -18,16 +18,16 @@ strength grows with the parameters per class and falls as the N (distinct) rows 
 default, is checked against TS itself by K-fold cross-fitted NLL (:func:`.holdout.select_by_cross_fitting`:
 seeded folds of rows dealt at random, keeping rows of equal logits together; a tie keeps TS), with the fit on all the
 data: K + 1 fits (the ridge alone was worse than TS beyond the paired interval on 100 distinct rows of the BBC
-MiniLM, benchmarks/results/safe_defaults.md). On small data (:meth:`.linear_maps.LinearMap.fits_jointly`) the
-K + 1 fits are one joint fit of stacked problems (:mod:`.linear_maps`), whose cost is about one fit's; above it the
+MiniLM, benchmarks/results/safe_defaults.md). On small data (:meth:`.solvers.linear_maps.LinearMap.fits_jointly`) the
+K + 1 fits are one joint fit of stacked problems (:mod:`.solvers.linear_maps`), whose cost is about one fit's; above it the
 folds are fitted one by one and the choice refitted on all the data. K is 5, or 2 from 10⁷ logit values on
 (:func:`.holdout.default_folds`), where each fold is a view of the rows arranged fold by fold
 (:class:`.holdout.FoldLayout`): 3 fits, 19 logsumexp passes for vector at 50,000 × 1,000. ``l2_grid`` widens
 the selection (strongest first, each fold warm-started from its previous candidate, the lowest cross-fitted
 NLL); a number ``l2`` is one fit, as ``method="auto"`` fits these maps (its paired rule against TS is the
-check). Vector scaling takes Newton steps (:mod:`.vector_newton`), matrix and Dirichlet L-BFGS on Δ
-through :func:`.linear_maps.isotropic_scale`'s variables (:mod:`.lbfgs`: a time warning before a long fit, a
-progress bar, Ctrl-C keeps the best state), once their :data:`.linear_maps.CHECKED_MATRIX_FOOTPRINT` is known to fit
+check). Vector scaling takes Newton steps (:mod:`.solvers.vector_newton`), matrix and Dirichlet L-BFGS on Δ
+through :func:`.solvers.linear_maps.isotropic_scale`'s variables (:mod:`.solvers.lbfgs`: a time warning before a long fit, a
+progress bar, Ctrl-C keeps the best state), once their :data:`.solvers.linear_maps.CHECKED_MATRIX_FOOTPRINT` is known to fit
 in memory (:mod:`.memory`).
 None of these maps is guaranteed to keep the argmax: per-class scales and biases can reorder classes.
 
@@ -46,15 +46,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._warnings import warn_user
-from . import lbfgs
+from .solvers import lbfgs
 from .memory import Footprint, work_dtype
-from .base import Calibrator, Range, check_fields, check_fit_logits, fit_context, ranged, require
+from .base import Calibrator, check_fit_logits
+from .options import Range, check_fields, ranged, require
+from .fit_context import fit_context
 from .requirements import DataRequirements
 from .holdout import Fold, FoldLayout, cross_fitting_folds, default_folds, distinct_rows, fit_groups, select_by_cross_fitting
 from .temperature import GUO_2017_CITATION, fit_inverse_temperature, near_bound, temperature_warnings
-from .linear_maps import (CHECKED_MATRIX_FOOTPRINT, DIRICHLET, MATRIX, VECTOR, LinearMap, Parameters, Problems, matrix_cost_bound,
+from .solvers.linear_maps import (CHECKED_MATRIX_FOOTPRINT, DIRICHLET, MATRIX, VECTOR, LinearMap, Parameters, Problems, matrix_cost_bound,
                           ridge_strengths)
-from .vector_newton import SCALE_BOUNDS
+from .solvers.vector_newton import SCALE_BOUNDS
 
 #: the ridge's λ of probmetrics' svs/sms default (Berta et al., 2026): the one candidate of the default check
 DEFAULT_L2 = 1.0
@@ -82,7 +84,7 @@ class RegularisedOptions:
         max_iter: iterations at most per fit (default 1000): Newton for vector scaling, L-BFGS for
             matrix and Dirichlet (on 450 rows of the digits ViT, L-BFGS ends 4e-4 nats above the
             optimum after 200 iterations and reaches it after 600–700). A check's fits run jointly on small data
-            (:mod:`.linear_maps`) take as many each; for matrix and Dirichlet, a joint run that spends
+            (:mod:`.solvers.linear_maps`) take as many each; for matrix and Dirichlet, a joint run that spends
             ``min(max_iter, 70)`` iterations goes on one fit at a time, each with ``max_iter`` more.
     """
 
@@ -153,7 +155,7 @@ class _Check:
     """The fits of the cross-fitted check of λ against TS over ``folds``: each fold's TS, then its fits warm-started
     along the λ path, each ridged by the distinct rows (``groups``) it is fitted on.
 
-    On small data (:meth:`.linear_maps.LinearMap.fits_jointly`) the K fold fits of a λ and the fit on all rows are one
+    On small data (:meth:`.solvers.linear_maps.LinearMap.fits_jointly`) the K fold fits of a λ and the fit on all rows are one
     joint fit (:class:`Problems`), the latter kept in ``on_all_rows`` so that a chosen λ is not refitted; above it
     each fold is fitted on its own rows (a view when they are one run: :class:`.holdout.FoldLayout`), and the choice
     is refitted after.

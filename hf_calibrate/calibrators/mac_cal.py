@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import LEARNING_RATE, Range, ranged, require
+from .base import NO_FACTS, AutoRole, ModelFacts
+from .options import LEARNING_RATE, Range, ranged, require
 from .heads import SAMPLES, HeadCalibrator, HeadOptions
 
 #: salt of the seeded generator (the fit's ``seed`` and a salt make one generator) of the prediction masks' seed
@@ -77,6 +78,8 @@ class MaskedClassifierHead(HeadCalibrator):
     """MaC-Cal (reconstruction): masked retraining of a linear head with an adaptive retention rate."""
 
     method = "mac_cal"
+    #: auto trains K + 1 heads per head candidate: only when named
+    auto_role = AutoRole.NAMED
     title = "MaC-Cal (mask-based classifier calibration, reconstructed)"
     description = (
         "A linear head initialised from the base's classifier is retrained on the frozen base's features under random "
@@ -125,8 +128,9 @@ class MaskedClassifierHead(HeadCalibrator):
         self.head_module = _MaskedLinear(feature_dim, num_classes, self.samples)
 
     @classmethod
-    def create(cls, num_classes: int, options: "MaskedClassifierHead.Options", **facts: Any) -> "MaskedClassifierHead":
-        return cls(num_classes, facts["feature_dim"], options.samples)
+    def create(cls, num_classes: int, options: "MaskedClassifierHead.Options",
+               facts: ModelFacts = NO_FACTS) -> "MaskedClassifierHead":
+        return cls(num_classes, facts.need("feature_dim", cls.method), options.samples)
 
     def config(self) -> Dict[str, Any]:
         return {**super().config(), "samples": self.samples}

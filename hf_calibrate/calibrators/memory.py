@@ -2,7 +2,7 @@
 
 Each logit method declares its :class:`Footprint` (``Calibrator.footprint``): how many (N, C) arrays and how many
 (C, C) arrays of its working dtype it holds at its peak. A full C×C map at C = 10,000 has 10⁸ weights and L-BFGS keeps
-:data:`~.lbfgs.HISTORY_SIZE` pairs of such vectors besides the gradient, the best state and the line search's
+:data:`~.solvers.lbfgs.HISTORY_SIZE` pairs of such vectors besides the gradient, the best state and the line search's
 copies, so a matrix fit of 50 rows needs tens of GB. ``Calibrator.fit_logits`` compares the estimate with the memory
 free on the device the logits are on (:func:`check_fits`) and raises :class:`FitTooLargeError`, naming both and the
 fix, before the fit allocates anything. The footprints are counted from each fit's code and checked against the
@@ -48,7 +48,7 @@ class Footprint:
         maps: (C, C) arrays (with their C biases): a full map, its gradient, L-BFGS's history and line search.
         advice: the way out said when the fit is refused.
         stacked: values held besides, at most, by the arrays of a joint fit of stacked problems (a cross-fitted check
-            on small data: :mod:`.linear_maps`).
+            on small data: :mod:`.solvers.linear_maps`).
     """
 
     rows: float

@@ -8,9 +8,9 @@ scalar temperature, stored as log T. Both minimise
 
 over the calibration data (the paper: γ=1, λ=0.01). The default optimiser, ``optimizer="lbfgs"``,
 is full-batch L-BFGS on that objective plus a ridge that stands in for the reference's early
-stopping, stopped on cross-fitted held-out data (:mod:`hf_calibrate.fitting.nc_lbfgs`); the authors'
+stopping, stopped on cross-fitted held-out data (:mod:`hf_calibrate.fitting.clamping.lbfgs`); the authors'
 SGD recipe (momentum 0.9, lr 0.01, batch 1000) is ``optimizer="sgd"``
-(:mod:`hf_calibrate.fitting.neural_clamping`). δ = 0 is temperature scaling, so a fit that selects
+(:mod:`hf_calibrate.fitting.clamping.neural_clamping`). δ = 0 is temperature scaling, so a fit that selects
 on held-out data can always fall back to TS.
 
 Text models (our extension): δ is one vector of the hidden size added to the word embedding
@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import HELD_OUT_SHARE, LEARNING_RATE, Calibrator, InvalidOptionError, Range, check_fields, ranged, require
+from .base import AutoRole, Calibrator, ModelFacts, NO_FACTS
+from .options import HELD_OUT_SHARE, LEARNING_RATE, InvalidOptionError, Range, check_fields, ranged, require
 from .binning import BINS
 from .temperature import BETA_BOUNDS
 
@@ -85,6 +86,8 @@ class NeuralClamping(Calibrator):
 
     method = "neural_clamping"
     needs_base_model = True
+    #: auto tries it by default, and runs it only when its estimated time fits a ``budget`` (:mod:`hf_calibrate.fitting.auto.clamping`)
+    auto_role = AutoRole.DEFAULT
     title = "Neural Clamping"
     description = (
         "A universal input perturbation δ (one tensor shaped like one model input, added after normalisation) and a "
@@ -256,8 +259,8 @@ class NeuralClamping(Calibrator):
         self.log_temperature = nn.Parameter(torch.zeros(()))
 
     @classmethod
-    def create(cls, num_classes: int, options: "NeuralClamping.Options", **facts: Any) -> "NeuralClamping":
-        return cls(num_classes, delta_shape=facts["delta_shape"], delta_space=facts["delta_space"])
+    def create(cls, num_classes: int, options: "NeuralClamping.Options", facts: ModelFacts = NO_FACTS) -> "NeuralClamping":
+        return cls(num_classes, delta_shape=facts.need("delta_shape", cls.method), delta_space=facts.need("delta_space", cls.method))
 
     @property
     def input_perturbation(self) -> torch.Tensor:

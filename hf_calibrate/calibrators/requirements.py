@@ -114,7 +114,7 @@ def absent_classes_phrase(absent: Sequence[int], num_classes: int) -> str:
 def probability_warnings(logits: torch.Tensor) -> List[str]:
     """A line when the (N, C) ``logits``, C ≥ 2, look like per-class probabilities: every value within [0, 1] (the
     model's forward likely ends in a sigmoid). Else none. (A final softmax never gets here: a fit reads the log of its
-    probabilities, :func:`hf_calibrate.fitting.probing.base_outputs`.)"""
+    probabilities, :func:`hf_calibrate.fitting.runtime.probing.base_outputs`.)"""
     if float(logits.amin()) < 0 or float(logits.amax()) > 1 or logits.shape[1] < 2:
         return []
     return [f"the model's outputs look like per-class probabilities, not logits: all {logits.numel():,} values of the "

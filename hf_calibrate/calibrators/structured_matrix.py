@@ -11,8 +11,8 @@ with β, ε and x as in :mod:`.structured_vector`, and Δ ∈ R^{C×C}, b ∈ R^
     mean NLL + λ (C/N) (Σ_c Δ_cc² + ‖b‖₂²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj²
 
 a ridge towards (smoothed) temperature scaling, Δ = 0, b = 0, stronger on the C(C − 1) off-diagonal weights
-than on the C per-class ones. Convex in (Δ, b); L-BFGS (:func:`.lbfgs.minimise`) finds the minimum, moving Δ
-through :func:`.linear_maps.isotropic_scale`'s variables (in which that ridge is the same in every direction), after
+than on the C per-class ones. Convex in (Δ, b); L-BFGS (:func:`.solvers.lbfgs.minimise`) finds the minimum, moving Δ
+through :func:`.solvers.linear_maps.isotropic_scale`'s variables (in which that ridge is the same in every direction), after
 its :mod:`.memory` footprint has been checked against the memory free. Unlike
 :class:`~hf_calibrate.calibrators.DirichletCalibration` (W log softmax(z) + b) the log-probabilities are those of
 the temperature-scaled logits, smoothed, so a row's log-sum-exp and the mixture's floor enter the map.
@@ -25,9 +25,9 @@ from typing import Callable
 
 import torch
 
-from . import lbfgs
-from .base import fit_context
-from .linear_maps import MATRIX_FOOTPRINT, Ridge, isotropic_scale, matrix_cost_bound, matrix_objective
+from .solvers import lbfgs
+from .fit_context import fit_context
+from .solvers.linear_maps import MATRIX_FOOTPRINT, Ridge, isotropic_scale, matrix_cost_bound, matrix_objective
 from .structured_vector import StructuredVectorScaling
 
 
@@ -46,7 +46,7 @@ class StructuredMatrixScaling(StructuredVectorScaling):
     footprint = dataclasses.replace(MATRIX_FOOTPRINT, rows=MATRIX_FOOTPRINT.rows + 1)
 
     def _new_offset(self, classes: int, like: torch.Tensor, options: StructuredVectorScaling.Options) -> torch.Tensor:
-        """Δ = 0, (C, C), once a long fit has said how long it may take (:func:`.lbfgs.warn_if_long`; ``like``: the
+        """Δ = 0, (C, C), once a long fit has said how long it may take (:func:`.solvers.lbfgs.warn_if_long`; ``like``: the
         (N, C) features)."""
         what = f"{self.method} on {like.shape[0]:,} x {classes:,} logits"
         if fit_context().announce and like.shape[0] * classes**2 >= lbfgs.TIME_FROM_WORK:
@@ -57,7 +57,7 @@ class StructuredMatrixScaling(StructuredVectorScaling):
 
     @staticmethod
     def _offset(free: torch.Tensor) -> torch.Tensor:
-        """Δ = S ⊙ U (:func:`.linear_maps.isotropic_scale`: the ridge is the same in every direction of U)."""
+        """Δ = S ⊙ U (:func:`.solvers.linear_maps.isotropic_scale`: the ridge is the same in every direction of U)."""
         return free * isotropic_scale(free.shape[0], free.dtype, free.device)
 
     @staticmethod
@@ -67,6 +67,6 @@ class StructuredMatrixScaling(StructuredVectorScaling):
 
     def _objective(self, x: torch.Tensor, labels: torch.Tensor, free: torch.Tensor, bias: torch.Tensor,
                    ridge: Ridge) -> Callable[[], torch.Tensor]:
-        """Matrix scaling's objective (:func:`.linear_maps.matrix_objective`) on the features ``x``, with Δ = S ⊙ U of the
+        """Matrix scaling's objective (:func:`.solvers.linear_maps.matrix_objective`) on the features ``x``, with Δ = S ⊙ U of the
         (C, C) ``free`` U: λ (C/N) (Σ_c Δ_cc² + ‖b‖₂²) + λ (C(C − 1)/N) Σ_{c≠j} Δ_cj² beside the mean NLL."""
         return matrix_objective(x, labels, free, bias, ridge, isotropic_scale(x.shape[1], x.dtype, x.device))

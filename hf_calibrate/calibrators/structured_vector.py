@@ -15,7 +15,7 @@ every log-probability below by log(ε / C), and v, b ∈ R^C minimise
 a ridge towards (smoothed) temperature scaling, v = b = 0, whose strength falls as the data grow. N counts
 distinct rows (:func:`.holdout.content_groups`): copies of a row add no evidence, so they change neither ε nor the
 ridge (probmetrics counts every row; the two agree on data without copies).
-The objective is convex in (v, b); L-BFGS (:func:`.lbfgs.minimise`) finds its minimum. Unlike
+The objective is convex in (v, b); L-BFGS (:func:`.solvers.lbfgs.minimise`) finds its minimum. Unlike
 :class:`~hf_calibrate.calibrators.VectorScaling` (a ⊙ z + b on the logits, with the same ridge) the
 map acts on smoothed log-probabilities, so the log-sum-exp of each row enters per class. Why it is here: on the zoo's three models its default beat temperature
 scaling on test NLL in every case, where our vector scaling did not (benchmarks/results/safe_defaults.md).
@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import lbfgs
-from .base import Calibrator, Range, check_fields, ranged, require
+from .solvers import lbfgs
+from .base import Calibrator
+from .options import Range, check_fields, ranged, require
 from .holdout import distinct_rows, fit_groups
-from .linear_maps import Ridge, ridge_strengths
+from .solvers.linear_maps import Ridge, ridge_strengths
 from .memory import Footprint, work_dtype
 from .requirements import DataRequirements
 from .temperature import fit_inverse_temperature, is_separable_fit, separable_message, temperature_warnings
@@ -125,7 +126,7 @@ class StructuredVectorScaling(Calibrator):
     def _objective(self, x: torch.Tensor, labels: torch.Tensor, free: torch.Tensor, bias: torch.Tensor,
                    ridge: Ridge) -> Callable[[], torch.Tensor]:
         """() → mean NLL of :meth:`_map` + ρ_d (‖v‖₂² + ‖b‖₂²) at the current (C,) ``free`` v and (C,) ``bias`` on the
-        (N, C) features ``x`` (``ridge``: :func:`.linear_maps.ridge_strengths`' (ρ_d, ρ_o))."""
+        (N, C) features ``x`` (``ridge``: :func:`.solvers.linear_maps.ridge_strengths`' (ρ_d, ρ_o))."""
 
         def objective() -> torch.Tensor:
             return F.cross_entropy(self._map(x, free, bias), labels) + ridge[0] * (free.square().sum() + bias.square().sum())

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from .._warnings import warn_user
-from .base import Calibrator, check_fields, check_finite_logits, chunk_rows, require
+from .base import Calibrator, check_finite_logits, chunk_rows
+from .options import check_fields, require
 from .memory import Footprint
 
 # T is kept within [1e-3, 1e3]: beyond this the model is constant or a hard argmax anyway.

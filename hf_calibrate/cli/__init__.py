@@ -19,8 +19,6 @@ Nothing heavy is imported before a command runs, so ``--help`` and ``--version``
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._errors import UserError
 from .commands import run_compare, run_evaluate, run_fit, save_and_push
 from .entry import EXIT_ERROR, USER_ERRORS, main
@@ -29,36 +27,9 @@ from .metric_keys import COMPARE_METRICS, DEMO_CHANGES, DEMO_METRICS, TABLE_METR
 from .output import Console, check_writable, draw_diagram, fit_warnings_reported_here, format_table, metric_table
 from .parser import EXIT_USAGE, PROG, ArgumentParser, build_parser, parse_option
 
-# Names that moved into the library, still importable from here (imported when first used).
-_MOVED = {
-    "LoadedModel": "hf_calibrate.model_loading",
-    "load_model": "hf_calibrate.model_loading",
-    "LoadedData": "hf_calibrate.data.reading",
-    "load_splits": "hf_calibrate.data.reading",
-    "select_split": "hf_calibrate.data.reading",
-    "evaluate_plain_model": "hf_calibrate.scoring",
-    "DemoConfig": "hf_calibrate.demo.command",
-    "DemoSpec": "hf_calibrate.demo.command",
-    "DEMO_MODELS": "hf_calibrate.demo.command",
-    "run_demo": "hf_calibrate.demo.command",
-    "demo_folder": "hf_calibrate.demo.command",
-}
-_RENAMED = {"align_labels": ("hf_calibrate.data.reading", "align_split_labels")}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module, attribute = _RENAMED.get(name) or (_MOVED.get(name), name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), attribute)
-
-
 __all__ = [
     "COMPARE_METRICS", "DEMO_CHANGES", "DEMO_METRICS", "EXIT_ERROR", "EXIT_USAGE", "FLAG_OPTIONS", "PROG", "TABLE_METRICS",
     "USER_ERRORS", "ArgumentParser", "Console", "UserError", "build_parser", "check_writable", "draw_diagram",
     "engine_options", "fit_options", "fit_splits", "fit_warnings_reported_here", "flag_options", "format_table", "load_data",
     "main", "metric_table", "parse_option", "process_state", "run_compare", "run_evaluate", "run_fit", "save_and_push",
-    *_MOVED, *_RENAMED,
 ]

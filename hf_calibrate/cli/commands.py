@@ -25,7 +25,7 @@ def _load_model(args: argparse.Namespace, state: Any) -> LoadedModel:
 
     with state.main_process_first():
         return load_model(args.model, revision=args.revision, token=args.token, pretrained=args.pretrained,
-                          num_classes=args.num_classes, allow_unverified=getattr(args, "allow_unverified", False))
+                          num_classes=args.num_classes)
 
 
 def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
@@ -33,21 +33,22 @@ def run_fit(args: argparse.Namespace, state: Any, console: Console) -> None:
 
     The table is of the evaluation split (:func:`~.inputs.fit_splits`). Without one it is of the calibration
     split itself, labelled in-sample everywhere, and reuses the base logits the fit computed
-    (:func:`hf_calibrate.modeling.fit_and_evaluate`): the base model runs over it once, not twice.
+    (:func:`hf_calibrate.fit_evaluate.fit_and_evaluate`): the base model runs over it once, not twice.
     """
     from ..backbones import adapt
-    from ..fitting.calibrate import reads_selection_data
-    from ..modeling import fit_and_evaluate
+    from ..fitting.calibrate import resolve_method, selection_readers
+    from ..data.identity import source_display_name
+    from ..fit_evaluate import fit_and_evaluate
     from ..results.reporting import (FALLBACK_SAVED, fallback_advice, auto_note, auto_table, evaluation_label, fitted_text,
-                             in_sample_warning, source_display_name)
+                                     in_sample_warning)
     from ..serialization.saving import check_save_target
 
     if args.output is None and args.push_to_hub is None:
         raise UserError("nothing would keep the calibration: pass --output DIR and/or --push-to-hub REPO.")
-    if args.validation_split and not reads_selection_data(args.method)[0]:
+    if args.validation_split and not resolve_method(args.method).reads[0]:
         raise UserError(f"--validation-split: {args.method} does not read a validation split (it fits on the calibration "
-                        "split alone); drop --validation-split, or use a method that selects on one (neural_clamping, "
-                        "tst, vtst, mac_cal).")
+                        "split alone); drop --validation-split, or use a method that selects on one "
+                        f"({', '.join(selection_readers()[0])}).")
     options = fit_options(args)
     if args.output is not None and state.is_main_process:  # a user's file in the way fails here, not after the fit
         check_writable(args.output, "--output", folder=True, replaceable=check_save_target)
@@ -100,7 +101,8 @@ def run_evaluate(args: argparse.Namespace, state: Any, console: Console) -> None
     from ..backbones import adapt
     from ..results.cards import diagram_title, method_title
     from ..data.reading import select_split
-    from ..results.reporting import evaluation_label, in_sample_warning, source_display_name
+    from ..data.identity import source_display_name
+    from ..results.reporting import evaluation_label, in_sample_warning
     from ..scoring import evaluate_plain_model
 
     if args.diagram is not None and state.is_main_process:
@@ -203,9 +205,10 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
 
     from ..results import comparison
     from ..backbones import adapt
-    from ..fitting.calibrate import reads_selection_data
+    from ..fitting.calibrate import resolve_method
     from ..modeling import CalibratedModel
-    from ..results.reporting import METRIC_NAMES, source_display_name
+    from ..data.identity import source_display_name
+    from ..results.reporting import METRIC_NAMES
 
     own_options = per_method_options(args.option, args.methods)  # before any loading: a typo fails at once
     if state.is_main_process:
@@ -220,7 +223,7 @@ def run_compare(args: argparse.Namespace, state: Any, console: Console) -> None:
     with fit_warnings_reported_here():
         for method in args.methods:
             console.note(f"fitting {method} on the split {data.names['calibration']!r}")
-            validation = data.splits.get("validation") if reads_selection_data(method)[0] else None
+            validation = data.splits.get("validation") if resolve_method(method).reads[0] else None
             if "validation" in data.splits and validation is None:
                 console.note(f"{method} does not read --validation-split: it fits on the calibration split alone")
             started = perf_counter()  # the fit's wall time, its pass of the base model over the data included

@@ -54,10 +54,10 @@ def per_method_options(pairs: Sequence[Any], methods: Sequence[str]) -> Dict[str
 
 def _check_method_options(method: str, own: Dict[str, Any]) -> None:
     """The error ``fit`` would give ``method`` for its ``--option`` values, as a usage error, now."""
-    from ..fitting.calibrate import split_options
+    from ..fitting.calibrate import resolve_method, split_options
 
     try:
-        split_options(method, own)
+        split_options(resolve_method(method), own)
     except (TypeError, ValueError) as error:
         raise UserError(f"--option for {method}: {error}") from None
 

@@ -122,7 +122,7 @@ def _json_or_text(item: str) -> Any:
 def method_names() -> List[str]:
     """The calibration methods (:data:`hf_calibrate.CALIBRATORS`; imports them, and torch), then ``auto``."""
     from ..calibrators import CALIBRATORS
-    from ..fitting.auto import AUTO
+    from ..fitting.auto.selection import AUTO
 
     return [*CALIBRATORS, AUTO]
 
@@ -165,10 +165,6 @@ def _model_arguments(parser: argparse.ArgumentParser, *, calibrated_too: bool) -
     group.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=True,
                        help="timm architecture names: load the pretrained weights (default) or random ones")
     group.add_argument("--num-classes", type=int, help="timm architecture names: number of classes of the new head")
-    if calibrated_too:
-        group.add_argument("--allow-unverified", action="store_true",
-                           help="load a calibration saved before records carried digests (format 1): its values are still "
-                                "checked against its tensors and base, and a warning says it is unverified")
 
 
 def _data_arguments(parser: argparse.ArgumentParser, split_help: str) -> None:

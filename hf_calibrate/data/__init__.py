@@ -4,7 +4,7 @@ Map-style data are batched by index (:mod:`.mapped`): a ``DataLoader`` that batc
 map-style dataset (its ``dataset`` and ``collate_fn`` are reused with our own index sampling), a
 map-style torch ``Dataset`` of ``(input, label)`` pairs or dicts, a ``datasets.Dataset``.
 
-Everything else is a stream, read in order (:mod:`.sources`, :mod:`.stream`): a pre-batched
+Everything else is a stream, read in order (:mod:`.streams.units`, :mod:`.streams.index`): a pre-batched
 ``DataLoader`` (``batch_size=None``), a list or map-style dataset of whole batches, a ``DataLoader``
 over an ``IterableDataset``, a torch or ``datasets`` ``IterableDataset``, a callable returning a new
 iterator per pass, and a one-shot iterator such as a generator (read once: fine for the one-pass
@@ -30,9 +30,9 @@ from .labels import align_labels, label_indices, label_tensor, model_label_names
 from .mapped import DEFAULT_CACHE_BYTES, PreparedData, datasets_rows, loader_samples, map_style_samples
 from .reading import LoadedData, align_split_labels, label_column_of, load_splits, read_labelled_splits, select_split
 from .rows import RowOptions
-from .sources import empty_data_message, source_of
-from .stream import StreamedData, StreamIndex
-from .streamed import streamed_data
+from .streams.units import empty_data_message, source_of
+from .streams.index import StreamedData, StreamIndex
+from .streams.kinds import streamed_data
 
 CalibrationData = Union[PreparedData, StreamedData]
 

@@ -1,8 +1,9 @@
 """The model-level fit: a base model and the user's data and keywords in, a fitted calibration out.
 
 :func:`fit_calibration` is the body of :meth:`hf_calibrate.CalibratedModel.fit` (and of
-:func:`hf_calibrate.modeling.fit_and_evaluate`): it checks the keywords, freezes the base, prepares
-the data, measures the input contract, fits the calibrator (:func:`hf_calibrate.fitting.fit_calibrator`)
+:func:`hf_calibrate.fit_evaluate.fit_and_evaluate`): it checks the keywords, freezes the base, prepares
+the data, measures the input contract, fits the calibrator (:func:`hf_calibrate.fitting.fit_calibrator`, or
+``method="auto"``'s choice: :func:`resolve_method` turns the ``method`` name into what is fitted, once)
 and returns what the model is built from (:class:`FittedCalibration`): the calibrator, the config,
 the fit summary, the provenance the record keeps, the preprocessor to save, and the base logits
 the fit computed when asked to keep them.
@@ -16,40 +17,43 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+import functools
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import nn
 
-from .. import _auto_registration
 from .._probabilities import PROBABILITIES
 from .._warnings import warn_user
 from ..backbones import Backbone, adapt
 from ..backbones.preprocessing import contract_preprocessor
-from ..calibrators import Calibrator, calibrator_class, options_to_dict, parse_options
+from ..calibrators import CALIBRATORS, Calibrator, options_to_dict, parse_options
 from ..calibrators.neural_clamping import recorded_select_metric
 from ..configuration import TASKS, CalibratedConfig
 from ..data import CalibrationData, model_label_names, prepare_data
-from ..data.lineage import KeptRows, keep_rows
-from ..data.sources import is_one_shot
+from ..data.calibration_rows import CalibrationRows
+from ..data.identity import data_display_name, data_fingerprint, data_split
+from ..data.streams.units import is_one_shot
 from ..results import reporting
 from ..serialization.identity import weights_fingerprint
 from . import fit_calibrator, input_contract
-from .probing import base_outputs
-from .auto import AUTO, AutoOptions, fit_auto
-from .engine import Engine, EngineOptions
-from .kept_logits import KeptLogits
+from .runtime.probing import base_outputs
+from .auto.selection import AUTO, AutoOptions, fit_auto
+from .runtime.engine import Engine, EngineOptions
+from .runtime.kept_logits import KeptLogits
 
 #: (calibration, validation, temperature) data, as the user gave them (None where not given)
 DataSources = Tuple[Any, Any, Any]
 #: (display name, split) naming the calibration data (None: what the data record)
 Naming = Tuple[Optional[str], Optional[str]]
-#: (a weak reference to a data object's samples, or None; the content digests of their rows, or None)
-FittedRows = Tuple[Optional[weakref.ref], Optional[KeptRows]]
+#: (validation data, temperature data) of a fit, prepared (None where not given)
+SelectionData = Tuple[Optional[CalibrationData], Optional[CalibrationData]]
+#: a method's fit: (backbone, calibration data, its options, engine, selection data) → (the fitted calibrator, its fit
+#: summary, the options of the method fitted: for auto, its choice's)
+MethodFit = Callable[[Backbone, CalibrationData, Any, Engine, SelectionData], Tuple[Calibrator, Dict[str, Any], Any]]
 
 
-#: the fit's warning when the base's outputs are probabilities (:func:`.probing.base_outputs`)
+#: the fit's warning when the base's outputs are probabilities (:func:`.runtime.probing.base_outputs`)
 PROBABILITIES_READ = (
     "the model's outputs are probabilities, not logits: its calibration rows are non-negative and sum to 1 (its forward "
     "ends in a softmax; if it does not, fit with base_outputs='logits'). The calibration reads their log, log p: the "
@@ -79,10 +83,7 @@ class FittedCalibration:
         summary: the fit history (``CalibratedModel.fit_summary``).
         provenance: what the fit ran on and with (``CalibratedModel.provenance``; the record's ``fit``).
         preprocessor: the image processor or tokenizer to save beside the model (or None).
-        fitted_data: weak references to the data objects the fit was given (``CalibratedModel.fitted_on``).
-        fitted_rows: for each data object given, a weak reference to its samples and the content digests of their rows
-            when they are ``datasets`` data or tensors (else None), so that its rows are still known once the object is
-            gone (:func:`hf_calibrate.data.lineage.keep_rows`).
+        calibration_rows: the data the fit was given, recognised later (``CalibratedModel.fitted_on``).
         kept: the base logits (N, C) float32 and labels (N,) of every calibration sample in dataset order,
             when asked to keep them and the fit computed all of them; else None.
     """
@@ -92,8 +93,7 @@ class FittedCalibration:
     summary: Dict[str, Any]
     provenance: Dict[str, Any]
     preprocessor: Any
-    fitted_data: List[weakref.ref]
-    fitted_rows: List[FittedRows]
+    calibration_rows: CalibrationRows
     kept: Optional[Tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -108,41 +108,70 @@ def refuse_one_shot_twice(data_sources: DataSources) -> None:
         )
 
 
-def is_logit_space(method: str) -> bool:
-    """Whether ``method`` is fitted and applied on the base's logits alone: the logit methods and ``auto``."""
+@dataclasses.dataclass(frozen=True)
+class FitMethod:
+    """A ``method=`` name resolved once (:func:`resolve_method`): its options, what its fit reads, and the fit.
+
+    Attributes:
+        name: the name given: ``"auto"`` or a method of :data:`~hf_calibrate.calibrators.CALIBRATORS`.
+        options_class: the dataclass of its options (:class:`~.auto.selection.AutoOptions` for auto).
+        logit_space: whether it is fitted and applied on the base's logits alone: the logit methods, and auto (which
+            fits on the logits it cached, and runs the base again only for a head or Neural Clamping it was asked to try).
+        reads: whether its fit reads (validation_data, temperature_data): Neural Clamping reads validation data, the
+            head methods both; the logit methods and auto cross-fit on the calibration data and read neither.
+        fit: the fit itself (:data:`MethodFit`).
+    """
+
+    name: str
+    options_class: type
+    logit_space: bool
+    reads: Tuple[bool, bool]
+    fit: MethodFit
+
+
+def _fit_auto(backbone: Backbone, data: CalibrationData, options: AutoOptions, engine: Engine,
+              selection: SelectionData) -> Tuple[Calibrator, Dict[str, Any], Any]:
+    """``method="auto"``'s fit (:data:`MethodFit`): it reads no selection data."""
+    return fit_auto(backbone, data, options, engine)
+
+
+def _fit_class(cls: Type[Calibrator], backbone: Backbone, data: CalibrationData, options: Any, engine: Engine,
+               selection: SelectionData) -> Tuple[Calibrator, Dict[str, Any], Any]:
+    """A fit of the calibrator class ``cls`` by its family (:data:`MethodFit`)."""
+    calibrator, summary = fit_calibrator(backbone, data, cls, options, engine, validation=selection[0],
+                                         temperature_data=selection[1])
+    return calibrator, summary, options
+
+
+def resolve_method(method: str) -> FitMethod:
+    """``method`` (``fit``'s keyword) resolved, once per fit: the one place where ``"auto"`` differs from a registered
+    calibrator class. An unknown name is a ValueError listing the names."""
     if method == AUTO:
-        return True
-    cls = calibrator_class(method)
-    return not (cls.needs_base_model or cls.needs_features)
+        return FitMethod(AUTO, AutoOptions, logit_space=True, reads=(False, False), fit=_fit_auto)
+    try:
+        cls = CALIBRATORS[method]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join([*CALIBRATORS, AUTO])}.") from None
+    logit_space = cls.fitted_on_logits()
+    return FitMethod(method, cls.Options, logit_space, (not logit_space, cls.needs_features), functools.partial(_fit_class, cls))
 
 
-def reads_selection_data(method: str) -> Tuple[bool, bool]:
-    """Whether a fit of ``method`` reads (validation_data, temperature_data): Neural Clamping reads validation data,
-    the head methods both; the logit methods and ``auto`` cross-fit on the calibration data and read neither."""
-    logit_space = is_logit_space(method)
-    return not logit_space, not logit_space and calibrator_class(method).needs_features
+def selection_readers() -> Tuple[List[str], List[str]]:
+    """(the methods whose fit reads validation data, those that read temperature data), in registration order."""
+    resolved = [resolve_method(name) for name in CALIBRATORS]
+    return [method.name for method in resolved if method.reads[0]], [method.name for method in resolved if method.reads[1]]
 
 
-def refuse_unread_data(method: str, data_sources: DataSources) -> None:
+def refuse_unread_data(method: FitMethod, data_sources: DataSources) -> None:
     """Refuse validation or temperature data that a fit of ``method`` would not read (they would be silently ignored)."""
-    for name, given, read in zip(("validation_data", "temperature_data"), data_sources[1:], reads_selection_data(method)):
+    for name, given, read in zip(("validation_data", "temperature_data"), data_sources[1:], method.reads):
         if given is not None and not read:
             raise ValueError(
-                f"method {method!r} does not read {name}: it would be ignored. Leave it out"
+                f"method {method.name!r} does not read {name}: it would be ignored. Leave it out"
                 + (", or add its rows to calibration_data (the logit methods and auto fit on the calibration data alone; "
                    "those that choose a strength or a method hold out folds of it)."
-                   if name == "validation_data" else "; only the head methods (tst, vtst, mac_cal) read it.")
+                   if name == "validation_data" else f"; only {', '.join(selection_readers()[1])} read it.")
             )
-
-
-def _weakly_referable(source: Any) -> bool:
-    if source is None:
-        return False
-    try:
-        weakref.ref(source)
-    except TypeError:
-        return False
-    return True
 
 
 @contextlib.contextmanager
@@ -174,13 +203,12 @@ def engine_options(options: Dict[str, Any], where: str, own_names: Sequence[str]
     return EngineOptions(**{key: value for key, value in options.items() if key in engine_names})
 
 
-def split_options(method: str, options: Dict[str, Any]) -> Tuple[EngineOptions, Any]:
+def split_options(method: FitMethod, options: Dict[str, Any]) -> Tuple[EngineOptions, Any]:
     """(engine options, method options) of ``fit``'s keywords, each checked for name, type and range
-    (``method="auto"``: :class:`~.auto.AutoOptions`)."""
-    options_class = AutoOptions if method == AUTO else calibrator_class(method).Options
-    method_names = [field.name for field in dataclasses.fields(options_class)]
-    engine = engine_options(options, f"method {method!r}", method_names)
-    method_options = parse_options(options_class, {k: v for k, v in options.items() if k in method_names}, method)
+    (``method="auto"``: :class:`~.auto.selection.AutoOptions`)."""
+    method_names = [field.name for field in dataclasses.fields(method.options_class)]
+    engine = engine_options(options, f"method {method.name!r}", method_names)
+    method_options = parse_options(method.options_class, {k: v for k, v in options.items() if k in method_names}, method.name)
     return engine, method_options
 
 
@@ -190,16 +218,17 @@ def fallback_note(summary: Dict[str, Any], provenance: Dict[str, Any]) -> Option
 
 
 def fit_calibration(
-    model: nn.Module, data_sources: DataSources, method: str, options: Dict[str, Any], *, naming: Naming, keep_logits: bool
+    model: nn.Module, data_sources: DataSources, method: FitMethod, options: Dict[str, Any], *, naming: Naming, keep_logits: bool
 ) -> FittedCalibration:
-    """Fit ``method`` on (calibration, validation, temperature) ``data_sources`` through the frozen ``model``.
+    """Fit ``method`` (:func:`resolve_method`'s) on (calibration, validation, temperature) ``data_sources`` through the
+    frozen ``model``.
 
     ``options`` are ``CalibratedModel.fit``'s keywords (the method's and the engine's); the calibration
     data are named ``naming``; with ``keep_logits`` the result keeps the base logits the fit computed
     (see :class:`FittedCalibration`). The model is frozen and moved to the fit's device; if the fit
     fails, its flags and mode are restored. A Neural Clamping fit that fell back to temperature
     scaling warns (:class:`TemperatureScalingFallbackWarning`) on the main process. ``method="auto"``
-    fits the method it chooses (:mod:`.auto`): the result's config, options and calibrator are that method's.
+    fits the method it chooses (:mod:`.auto.selection`): the result's config, options and calibrator are that method's.
     """
     engine_settings, method_options = split_options(method, options)
     engine = Engine(engine_settings)
@@ -215,13 +244,8 @@ def fit_calibration(
         engine.kept_logits = KeptLogits(data) if keep_logits else None
         contract = input_contract(backbone, data, engine)
         backbone.outputs = base_outputs(backbone, data, engine)
-        if method == AUTO:
-            calibrator, summary, method_options = fit_auto(backbone, data, method_options, engine)
-        else:
-            calibrator, summary = fit_calibrator(
-                backbone, data, method, method_options, engine,
-                validation=prepare(validation_data, "validation data"), temperature_data=prepare(temperature_data, "temperature data"),
-            )
+        selection = (prepare(validation_data, "validation data"), prepare(temperature_data, "temperature data"))
+        calibrator, summary, method_options = method.fit(backbone, data, method_options, engine, selection)
     kept = engine.kept_logits.take() if keep_logits else None
     calibrator.is_fitted = True
     preprocessor = contract_preprocessor(engine_settings.preprocessor, contract)
@@ -231,8 +255,6 @@ def fit_calibration(
         summary["warnings"] = [PROBABILITIES_READ, *summary.get("warnings", [])]
     if data.class_names and model_label_names(backbone) is None:
         summary["class_names"] = "the calibration data's (the base model records none)"
-    identities = [identity for source in data_sources if source is not None
-                  for identity in _identities(source) if _weakly_referable(identity)]
     note = fallback_note(summary, provenance)
     if note is not None and engine.is_main:
         warn_user(f"{note} {reporting.fallback_advice(summary)}", TemperatureScalingFallbackWarning)
@@ -244,25 +266,9 @@ def fit_calibration(
         summary=summary,
         provenance=provenance,
         preprocessor=preprocessor,
-        fitted_data=[weakref.ref(identity) for identity in identities],
-        fitted_rows=[_fitted_rows(source, engine.is_main) for source in data_sources if source is not None],
+        calibration_rows=CalibrationRows.of_fit(data_sources, keep_digests=engine.is_main),
         kept=kept,
     )
-
-
-def _fitted_rows(source: Any, is_main: bool) -> FittedRows:
-    """(a weak reference to the samples of ``source``, or None; the content digests of their rows, or None), the
-    digests on the main process only."""
-    samples = reporting.data_identity(source)
-    return (weakref.ref(samples) if _weakly_referable(samples) else None, keep_rows(samples) if is_main else None)
-
-
-def _identities(source: Any) -> List[Any]:
-    """What stands for ``source`` in :meth:`CalibratedModel.fitted_on`: the object given (a DataLoader whose sampler
-    reads part of its dataset is known as itself) and what :func:`~hf_calibrate.results.reporting.data_identity` makes
-    of it, when that is another object."""
-    identity = reporting.data_identity(source)
-    return [source] if identity is source else [source, identity]
 
 
 def _config(backbone: Backbone, method: str, num_classes: int, data: CalibrationData) -> CalibratedConfig:
@@ -284,10 +290,10 @@ def _provenance(
     calibration_data, options = data_sources[0], engine.options
     return {
         "dataset": data.description,
-        "dataset_name": naming[0] or reporting.data_display_name(calibration_data),
-        "split": naming[1] or reporting.data_split(calibration_data),
+        "dataset_name": naming[0] or data_display_name(calibration_data),
+        "split": naming[1] or data_split(calibration_data),
         "num_samples": len(data),
-        "data_fingerprints": [fp for fp in map(reporting.data_fingerprint, data_sources) if fp is not None],
+        "data_fingerprints": [fp for fp in map(data_fingerprint, data_sources) if fp is not None],
         "seed": options.seed,
         "options": options_to_dict(method_options),
         "batch_size": options.batch_size,
@@ -297,4 +303,3 @@ def _provenance(
     }
 
 
-_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

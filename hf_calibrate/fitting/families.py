@@ -3,7 +3,7 @@
 * :class:`~hf_calibrate.calibrators.Calibrator` — logit-space methods: one pass caches the base
   logits, then the class's own ``fit_logits``;
 * :class:`~hf_calibrate.calibrators.NeuralClamping` — L-BFGS (default) or SGD on δ and log T through
-  the frozen base (:mod:`.neural_clamping`);
+  the frozen base (:mod:`.clamping.neural_clamping`);
 * :class:`~hf_calibrate.calibrators.HeadCalibrator` — the head loop on cached features
   (:mod:`.heads`), with the per-method hooks of the head classes.
 
@@ -21,15 +21,15 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type
 import torch
 
 from ..backbones import Backbone
-from ..calibrators import Calibrator, HeadCalibrator, NeuralClamping, calibrator_class
-from ..calibrators.base import FitContext, check_fit_logits, chunk_rows
+from ..calibrators import Calibrator, HeadCalibrator, NeuralClamping
+from ..calibrators.base import FitContext, ModelFacts, check_fit_logits, chunk_rows
 from ..calibrators.holdout import content_groups, note_repeated_rows
 from ..calibrators.requirements import DataRequirements, check_calibration_data
 from ..data import CalibrationData
-from .engine import Engine
+from .runtime.engine import Engine
 from .heads import fit_head, head_facts
-from .neural_clamping import fit_neural_clamping
-from .probing import probe
+from .clamping.neural_clamping import fit_neural_clamping
+from .runtime.probing import probe
 
 #: salt of the seeded generator the initial weights (of the heads) are drawn from
 INITIAL_WEIGHTS_SALT = 0x1417
@@ -54,23 +54,28 @@ class FitInputs:
     temperature_data: Optional[CalibrationData] = None
 
 
-def _no_facts(backbone: Backbone) -> Dict[str, Any]:
-    return {}
+def _no_more_facts(backbone: Backbone, facts: ModelFacts) -> ModelFacts:
+    """A family whose ``create`` needs nothing more of the model: ``facts`` as they are."""
+    return facts
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """How the calibrators of one family are fitted.
+    """How the calibrators of one family are fitted, and what it is called (docs/methods.md, ``fit``'s docstring).
 
     Attributes:
+        name: the family in a few words (``"logits"``).
+        fitted_on: what its fit reads of the base model, in words.
         fit: ``(calibrator, options, inputs) -> summary``: fits the calibrator in place; the summary
             goes into the fit history.
-        facts: ``backbone -> dict``: what the family's ``create`` needs of the model beyond the number
-            of classes and δ's shape and space (a head's ``feature_dim``).
+        facts: ``(backbone, facts) -> facts``: what the family's ``create`` needs of the model beyond the number
+            of classes and δ's shape and space, added to them (a head's ``feature_dim``).
     """
 
+    name: str
+    fitted_on: str
     fit: Callable[[Any, Any, FitInputs], Dict[str, Any]]
-    facts: Callable[[Backbone], Dict[str, Any]] = _no_facts
+    facts: Callable[[Backbone, ModelFacts], ModelFacts] = _no_more_facts
 
 
 def _fit_on_logits(calibrator: Calibrator, options: Any, inputs: FitInputs) -> Dict[str, Any]:
@@ -162,9 +167,10 @@ def _fit_head(calibrator: HeadCalibrator, options: HeadCalibrator.Options, input
 
 #: family base class → its fit; a class belongs to the family of the first of its bases (MRO order) listed here
 FAMILIES: Dict[Type[Calibrator], Family] = {
-    Calibrator: Family(_fit_on_logits),
-    NeuralClamping: Family(_fit_clamping),
-    HeadCalibrator: Family(_fit_head, facts=head_facts),
+    Calibrator: Family("logits", "the base's logits, cached in one pass", _fit_on_logits),
+    NeuralClamping: Family("input perturbation", "forward and input-gradient passes through the frozen base", _fit_clamping),
+    HeadCalibrator: Family("new head", "the base's penultimate features, cached in one pass per split", _fit_head,
+                           facts=head_facts),
 }
 
 
@@ -176,33 +182,35 @@ def family_of(cls: Type[Calibrator]) -> Family:
 def fit_calibrator(
     backbone: Backbone,
     data: CalibrationData,
-    method: str,
+    cls: Type[Calibrator],
     method_options: Any,
     engine: Engine,
     *,
     validation: Optional[CalibrationData] = None,
     temperature_data: Optional[CalibrationData] = None,
 ) -> Tuple[Calibrator, Dict[str, Any]]:
-    """Fit the calibrator of ``method`` on ``data`` through the frozen ``backbone``.
+    """Fit a calibrator of class ``cls`` (a method's, :func:`~hf_calibrate.calibrators.calibrator_class`) on ``data``
+    through the frozen ``backbone``.
 
-    ``method_options`` is an instance of the method class's ``Options``. ``validation`` is the
+    ``method_options`` is an instance of ``cls.Options``. ``validation`` is the
     selection split of Neural Clamping and of the head methods (when absent they hold out part of
     ``data``); ``temperature_data`` is where head methods fit their optional temperature.
     Returns the fitted calibrator (on every process the main process's) and the fit summary.
     """
-    calibrator = create_calibrator(backbone, data, method, method_options, engine)
+    calibrator = create_calibrator(backbone, data, cls, method_options, engine)
     summary = family_of(type(calibrator)).fit(calibrator, method_options, FitInputs(backbone, data, engine, validation, temperature_data))
     engine.broadcast_module(calibrator)
     return calibrator, summary
 
 
-def create_calibrator(backbone: Backbone, data: CalibrationData, method: str, method_options: Any, engine: Engine) -> Calibrator:
-    """An unfitted calibrator of ``method`` for ``backbone`` on the engine's device: sized by the classes and δ's shape
-    the first sample of ``data`` shows and its family's facts, its initial weights (heads) drawn from the fit's seed."""
-    cls = calibrator_class(method)
+def create_calibrator(backbone: Backbone, data: CalibrationData, cls: Type[Calibrator], method_options: Any,
+                      engine: Engine) -> Calibrator:
+    """An unfitted calibrator of class ``cls`` for ``backbone`` on the engine's device: sized by the classes and δ's
+    shape the first sample of ``data`` shows and its family's facts, its initial weights (heads) drawn from the fit's
+    seed."""
     num_classes, delta_shape = probe(backbone, data, engine)
-    facts = {"delta_shape": delta_shape, "delta_space": backbone.delta_space, **family_of(cls).facts(backbone)}
+    facts = family_of(cls).facts(backbone, ModelFacts(delta_shape=delta_shape, delta_space=backbone.delta_space))
     with torch.random.fork_rng(devices=[]):  # seeded initial weights (heads); the user's RNG is untouched
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=engine.generator(INITIAL_WEIGHTS_SALT))))
-        calibrator = cls.create(num_classes, method_options, **facts)
+        calibrator = cls.create(num_classes, method_options, facts)
     return calibrator.to(engine.device)

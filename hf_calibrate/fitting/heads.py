@@ -15,6 +15,7 @@ the step after validation), so a head method is one class (e.g. :mod:`hf_calibra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -24,20 +25,21 @@ import torch
 
 from .._warnings import warn_user
 from ..backbones import Backbone
+from ..calibrators.base import ModelFacts
 from ..calibrators.heads import HeadCalibrator, HeadOptions
 from ..calibrators.holdout import content_groups, note_repeated_rows, note_validation_copies, rows_repeating
 from ..calibrators.requirements import check_labels
 from ..calibrators.temperature import fit_inverse_temperature, temperature_warnings
 from ..data import CalibrationData
 from ..metrics.functional import accuracy, expected_calibration_error, negative_log_likelihood
-from .engine import Engine
+from .runtime.engine import Engine
 
 #: salt of the seeded generator of the training batches' order (and of a head's per-step draws)
 TRAINING_SALT = 0x4EAD
 
 
 class FeatureStore:
-    """Training features: rows (N, d) — in memory or memory-mapped (:mod:`hf_calibrate.fitting.rows`) — and their
+    """Training features: rows (N, d) — in memory or memory-mapped (:mod:`hf_calibrate.fitting.runtime.collected_rows`) — and their
     labels (N,), seen through ``indices`` (default: every row)."""
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, indices: Optional[torch.Tensor] = None) -> None:
@@ -283,8 +285,9 @@ def _fit_temperature(
     return {"temperature": 1.0 / beta, "fitted_on": source}, temperature_warnings(beta, logits, labels, source, calibrator.method)
 
 
-def head_facts(backbone: Backbone) -> Dict[str, Any]:
-    return {"feature_dim": _feature_dim(backbone)}
+def head_facts(backbone: Backbone, facts: ModelFacts) -> ModelFacts:
+    """``facts`` with the width d of the base's penultimate features, which a new head reads."""
+    return dataclasses.replace(facts, feature_dim=_feature_dim(backbone))
 
 
 __all__ = ["FeatureStore", "collect_features", "fit_head", "head_facts"]

@@ -9,8 +9,7 @@ per-bin data in :mod:`.report_data`), :mod:`.evaluation_report` (one evaluation'
 :mod:`.evaluator` (the ecosystem's evaluator fed class probabilities; it imports ``evaluate``).
 
 This layer sits below fitting, scoring, the saved artifact and the model (docs/design.md §1): it imports none of them.
-Importing this package imports none of its modules (each is imported when first used). Their old paths
-(``hf_calibrate.reporting``, ...) still import the same module objects.
+Importing this package imports none of its modules (each is imported when first used).
 """
 
 from __future__ import annotations

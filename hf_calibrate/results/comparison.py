@@ -44,12 +44,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
-from .. import _auto_registration
 from . import evaluation, reporting
 from .html_report import REPORT_FILE, is_our_report
 from .report_data import auto_decisions, per_class_calibration
 from .._atomic import write_atomically, write_text_atomically
 from .._output_files import digest_proof, refuse_unproven
+from ..data.identity import data_display_name, data_split
 from ..metrics import CalibrationMetrics, Interval, interval_report, verdict
 from ..metrics.interval_options import MIN_INTERVAL_SAMPLES
 from ..metrics.intervals import DEFAULT_CONFIDENCE, HIGHER_IS_BETTER, VERDICTS
@@ -74,14 +74,14 @@ IMPROVED, MADE_WORSE, NO_DIFFERENCE = VERDICTS[0], VERDICTS[1], "no detectable d
 class ComparedModel(Protocol):
     """What :func:`compare` asks of each model (:class:`hf_calibrate.CalibratedModel` is one): what it calibrates
     (``provenance["base_fingerprint"]``), whether it was fitted on the data, and its evaluation's accumulators on them
-    (``own``: ``evaluate``'s keywords, ``options``: engine options; :func:`hf_calibrate.model_evaluation.accumulate`)."""
+    (``keywords``: ``evaluate``'s own, ``options``: engine options; :func:`hf_calibrate.model_evaluation.accumulate`)."""
 
     provenance: Dict[str, Any]
 
     def fitted_on(self, data: Any) -> Optional[bool]: ...
 
     def _accumulate(
-        self, data: Any, own: Dict[str, Any], options: Dict[str, Any]
+        self, data: Any, keywords: evaluation.EvaluationKeywords, options: Dict[str, Any]
     ) -> Tuple[CalibrationMetrics, CalibrationMetrics]: ...
 
 
@@ -110,12 +110,12 @@ def _check_metric(metric: Any) -> str:
 
 
 def _accumulators(
-    models: Dict[str, ComparedModel], data: Any, own: Dict[str, Any], options: Dict[str, Any]
+    models: Dict[str, ComparedModel], data: Any, keywords: evaluation.EvaluationKeywords, options: Dict[str, Any]
 ) -> Dict[str, CalibrationMetrics]:
     """{name: calibrated accumulator} of every model, and the base's under :data:`UNCALIBRATED` (first)."""
     scored: Dict[str, CalibrationMetrics] = {}
     for name, model in models.items():
-        uncalibrated, calibrated = model._accumulate(data, own, dict(options))
+        uncalibrated, calibrated = model._accumulate(data, keywords, dict(options))
         scored.setdefault(UNCALIBRATED, uncalibrated)
         scored[name] = calibrated
     return scored
@@ -234,13 +234,13 @@ def compare(
     if not evaluation.check_bootstrap(bootstrap):
         raise ValueError(f"bootstrap must be >= {evaluation.MIN_BOOTSTRAP} for a comparison: its ranking rests on the paired "
                          "intervals.")
-    own = {"n_bins": n_bins, "dataset_name": dataset_name, "split": split, "in_sample": None, "bootstrap": bootstrap}
-    scored = _accumulators(models, data, own, options)
+    keywords = evaluation.EvaluationKeywords(n_bins=n_bins, dataset_name=dataset_name, split=split, bootstrap=bootstrap)
+    scored = _accumulators(models, data, keywords, options)
     first = next(iter(scored.values()))
     return {
         "metric": metric,
-        "dataset": dataset_name or reporting.data_display_name(data),
-        "split": split or reporting.data_split(data),
+        "dataset": dataset_name or data_display_name(data),
+        "split": split or data_split(data),
         "bootstrap": evaluation.bootstrap_settings(first),
         "in_sample": sorted(name for name, model in models.items() if model.fitted_on(data)),
         "rows": _rows(scored, metric, DEFAULT_CONFIDENCE, seconds),
@@ -384,6 +384,3 @@ def diagram(result: Dict[str, Any]) -> "Figure":
 def _write_record(path: Path, result: Dict[str, Any], digests: Dict[str, List[str]]) -> None:
     """comparison.json: ``result``, the marker :data:`WRITTEN_BY` and ``files``, {file name: SHA-256 digests}."""
     write_text_atomically(path, json.dumps({**result, "written_by": WRITTEN_BY, "files": digests}, indent=2) + "\n")
-
-
-_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

@@ -25,9 +25,11 @@ degenerate one) and every verdict is "no detectable change at this test size".
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..metrics import CalibrationMetrics, interval_report, verdict
+from ..metrics._checks import check_n_bins
 from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, PER_SAMPLE_METRICS, check_bootstrap  # check_bootstrap: evaluate's check
 from ..metrics.intervals import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES, HIGHER_IS_BETTER, check_seed
 
@@ -40,6 +42,47 @@ INTERVAL_METRICS = ("accuracy", "ece", "ada_ece", "mce", "rms_ce", "nll", "brier
 DEFAULT_BOOTSTRAP = DEFAULT_REPLICATES
 #: fewest replicates an evaluation takes (0 aside): fewer cannot place its 2.5 % and 97.5 % quantiles
 MIN_BOOTSTRAP = MIN_INTERVAL_REPLICATES
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationKeywords:
+    """``CalibratedModel.evaluate``'s own keywords (beside the engine options), checked when made: every evaluation of a
+    calibrated model (``evaluate``, ``fit_and_evaluate``, ``compare``) hands them down as one.
+
+    Attributes:
+        n_bins: equal-width confidence bins of the ECE and the reliability diagram, from 1 to the metrics' maximum.
+        dataset_name: how the results name the data (None: what a ``datasets.Dataset`` records).
+        split: the split the results name (None: what the data record).
+        in_sample: whether the data hold rows the calibration was fitted on (None: unknown, found out from the data).
+        bootstrap: Poisson-bootstrap replicates behind the 95 % intervals: 0 (points only) or at least
+            :data:`MIN_BOOTSTRAP`.
+    """
+
+    n_bins: int = 15
+    dataset_name: Optional[str] = None
+    split: Optional[str] = None
+    in_sample: Optional[bool] = None
+    bootstrap: int = DEFAULT_BOOTSTRAP
+
+    def __post_init__(self) -> None:
+        check_n_bins(self.n_bins)
+        check_bootstrap(self.bootstrap)
+        for name in ("dataset_name", "split"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, got {value!r} ({type(value).__name__}).")
+        if self.in_sample is not None and not isinstance(self.in_sample, bool):
+            raise TypeError(f"in_sample must be True, False or None, got {self.in_sample!r}.")
+
+    @classmethod
+    def names(cls) -> Tuple[str, ...]:
+        """The keywords' names (``evaluate`` takes them beside the engine options)."""
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def taken_from(cls, settings: Dict[str, Any]) -> "EvaluationKeywords":
+        """The keywords removed from ``settings`` (what is left are engine options), each absent one at its default."""
+        return cls(**{name: settings.pop(name) for name in cls.names() if name in settings})
 
 
 def accumulators(num_classes: int, n_bins: int, bootstrap: int, seed: int) -> Tuple[CalibrationMetrics, CalibrationMetrics]:

@@ -63,10 +63,10 @@ from scipy.stats import bootstrap
 from transformers import Pipeline, PreTrainedModel
 from transformers.pipelines import TASK_ALIASES
 
-from .. import _auto_registration
 from . import reporting
 from .._class_ids import LabelColumn, class_names, reference_ids
 from .._warnings import warn_user
+from ..data.calibration_rows import in_sample_rows
 from ..metrics.interval_options import MIN_INTERVAL_REPLICATES, TOO_FEW_REPLICATES, check_replicates, no_interval_reason
 
 logger = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ def _warn_if_in_sample(pipe: Pipeline, data: Any, samples: int) -> None:
     how many): its numbers are optimistic."""
     if not callable(getattr(pipe.model, "fitted_on", None)):
         return
-    in_sample, rows = reporting.in_sample_rows(pipe.model, data, samples)
+    in_sample, rows = in_sample_rows(pipe.model, data, samples)
     if in_sample:
         warn_user(
             f"these data are or hold data the pipeline's calibration was fitted on "
@@ -403,6 +403,3 @@ def as_evaluation(
             )
     return {**sides, "dataset": dataset, "split": split, "dataset_id": dataset_id, "in_sample": bool(in_sample),
             "n_bins": n_bins}
-
-
-_auto_registration.finish_pending(__name__)  # when importing this module brought transformers in first

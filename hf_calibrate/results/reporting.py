@@ -14,18 +14,14 @@ calibration record) names what it was computed on and what the calibration was f
 ``calibration_dataset``, ``calibration_split``
     the display name and split of the calibration data.
 
-A display name is given by the caller (the CLI gives the folder, file or hub id it read), else
-taken from the data: a ``datasets`` name, except the names of ``datasets``' file readers
-("imagefolder", "csv", ...), which say only how the files were read.
+How data are named and recognised (display names, splits, fingerprints, whether they are calibration rows) is
+:mod:`hf_calibrate.data.identity` and :mod:`hf_calibrate.data.calibration_rows`; this module says it in words.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any, Collection, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence
 
-from torch.utils.data import DataLoader, IterableDataset
 
 from ..metrics.catalog import CARD_METRICS, METRIC_CATALOG
 
@@ -34,11 +30,6 @@ from ..metrics.catalog import CARD_METRICS, METRIC_CATALOG
 METRICS = tuple((info.key, info.title) for info in CARD_METRICS)
 #: key → title of every metric of the catalog
 METRIC_NAMES = {info.key: info.title for info in METRIC_CATALOG}
-#: ``datasets`` builders that read local files: their name says how the data were read, not what they are
-FILE_BUILDERS = frozenset({
-    "arrow", "audiofolder", "csv", "generator", "imagefolder", "json", "pandas", "parquet", "sql", "text",
-    "videofolder", "webdataset", "xml",
-})
 #: splits taken, in this order, as held-out evaluation data when none is named
 HELD_OUT_SPLITS = ("test", "validation", "eval", "evaluation", "dev")
 IN_SAMPLE_NOTE = "in-sample: data the calibration was fitted on, so optimistic"
@@ -63,61 +54,6 @@ def fallback_advice(summary: Mapping[str, Any], cli: bool = False) -> str:
 # ----------------------------------------------------------------------------- names of data
 
 
-def data_source(data: Any) -> Any:
-    """The dataset behind ``data``: a DataLoader's samples (its dataset, or the part its sampler reads:
-    :func:`hf_calibrate.data.mapped.loader_dataset`), else ``data`` itself."""
-    if isinstance(data, DataLoader) and not isinstance(data.dataset, IterableDataset):
-        from ..data.mapped import loader_dataset
-
-        return loader_dataset(data)
-    return data.dataset if isinstance(data, DataLoader) else data
-
-
-def data_identity(data: Any) -> Any:
-    """What stands for ``data`` when asking whether two data are the same: the dataset behind a DataLoader; for a
-    list or tuple of batches (which cannot be weakly referenced) the first tensor of its first batch; else ``data``."""
-    source = data_source(data)
-    if isinstance(source, (list, tuple)) and source:
-        first = source[0]
-        values = first.values() if isinstance(first, Mapping) else first if isinstance(first, (list, tuple)) else (first,)
-        return next((value for value in values if hasattr(value, "shape") and hasattr(value, "dtype")), source)  # a tensor or array
-    return source
-
-
-def _is_datasets_object(data: Any) -> bool:
-    return type(data).__module__.split(".")[0] == "datasets"
-
-
-def source_display_name(source: str) -> str:
-    """How results name a dataset given as a path or hub id: a local folder or file by its name, a hub id as it is."""
-    path = Path(source)
-    return Path(os.path.abspath(path)).name if path.exists() else source
-
-
-def data_display_name(data: Any) -> str:
-    """How results name ``data`` when the caller gives no name: its ``datasets`` name, else what kind of data it is."""
-    source = data_source(data)
-    name = getattr(getattr(source, "info", None), "dataset_name", None) if _is_datasets_object(source) else None
-    if name:
-        return f"local {name} files" if name in FILE_BUILDERS else str(name)
-    kind = type(source).__name__
-    return f"datasets.{kind}" if _is_datasets_object(source) else kind
-
-
-def data_split(data: Any) -> Optional[str]:
-    """The split a ``datasets.Dataset`` records (None for other data)."""
-    source = data_source(data)
-    split = getattr(source, "split", None) if _is_datasets_object(source) else None
-    return str(split) if split is not None else None
-
-
-def data_fingerprint(data: Any) -> Optional[str]:
-    """The fingerprint of a ``datasets.Dataset`` (the same rows through the same transforms give the same one)."""
-    source = data_source(data)
-    fingerprint = getattr(source, "_fingerprint", None) if _is_datasets_object(source) else None
-    return fingerprint if isinstance(fingerprint, str) else None
-
-
 def data_label(name: str, split: Optional[str], samples: Optional[int] = None) -> str:
     """``"digits, test split, 450 samples"``: a dataset's display name, split and size, as results show them."""
     parts = [name, *([f"{split} split"] if split else []), *([f"{samples} samples"] if samples is not None else [])]
@@ -127,39 +63,6 @@ def data_label(name: str, split: Optional[str], samples: Optional[int] = None) -
 def held_out_split(available: Sequence[str], used: Collection[str]) -> Optional[str]:
     """The first of :data:`HELD_OUT_SPLITS` in ``available`` that the fit does not use, or None."""
     return next((name for name in HELD_OUT_SPLITS if name in available and name not in used), None)
-
-
-# ----------------------------------------------------------------------------- in-sample data
-
-
-class FittedModel(Protocol):
-    """What :func:`in_sample_rows` asks of a calibrated model (:class:`hf_calibrate.CalibratedModel` is one)."""
-
-    def fitted_on(self, data: Any) -> Optional[bool]: ...
-
-    def _fitted_sources(self) -> List[Any]: ...
-
-
-def in_sample_rows(model: FittedModel, data: Any, samples: int) -> Tuple[Optional[bool], Optional[Dict[str, int]]]:
-    """(whether ``data`` hold rows ``model`` was fitted on, ``{"calibration": rows that are, "total": rows}``).
-
-    True, False or None (unknown) as :meth:`CalibratedModel.fitted_on` says; the rows are counted for ``datasets``
-    data and tensors (:func:`hf_calibrate.data.lineage.shared_rows`: by memory and content, no model run), and the
-    count decides where there is one (the very loader whose sampler drew other rows since holds none); they are all
-    ``samples`` (the evaluation's) when the data are the very data or have their fingerprint and cannot be counted;
-    no count (None) unless True.
-    """
-    from ..data.lineage import shared_rows  # pyarrow: imported when an evaluation counts rows, not with this module
-
-    fitted = model.fitted_on(data)
-    if not fitted:
-        return fitted, None
-    counted = shared_rows(data_source(data), model._fitted_sources())
-    if counted is None:  # the very data object, or a dataset with a recorded fingerprint, whose rows cannot be counted
-        return True, {"calibration": samples, "total": samples}
-    if not counted.shared:  # the very loader, whose sampler drew other rows since
-        return False, None
-    return True, {"calibration": counted.shared, "total": counted.total}
 
 
 # ----------------------------------------------------------------------------- labels of evaluations

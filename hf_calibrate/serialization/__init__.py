@@ -20,7 +20,7 @@ from .loading import check_complete, load_base, load_calibrator, load_preprocess
 from .locks import reading
 from .ownership import file_sha256, manifest_files
 from .saving import check_save_target, list_files, save_artifact, update_results
-from .schema import FORMAT_VERSION, RECORD_SCHEMA, RESAVE, ArtifactError, UnverifiedArtifactWarning, seal_record
+from .schema import FORMAT_VERSION, RECORD_SCHEMA, RESAVE, ArtifactError, seal_record
 
 __all__ = [
     "ArtifactError",
@@ -33,7 +33,6 @@ __all__ = [
     "RECORD_SCHEMA",
     "RESAVE",
     "STAGING_PREFIX",
-    "UnverifiedArtifactWarning",
     "check_complete",
     "check_save_target",
     "file_sha256",

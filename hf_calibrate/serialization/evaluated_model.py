@@ -27,10 +27,10 @@ def calibration_sha256(calibrator: Calibrator) -> str:
     return hashlib.sha256(calibration_bytes(calibrator)).hexdigest()
 
 
-def _identity(method: str, digest: Optional[str], fingerprint: Optional[str]) -> Dict[str, Any]:
+def _identity(method: str, digest: str, fingerprint: Optional[str]) -> Dict[str, Any]:
     """An identity: the two compared parts, and a description that names them."""
     base = f"a base with weights fingerprint {fingerprint[:19]}…" if fingerprint else "a base without a recorded fingerprint"
-    described = f"a {method} calibration (calibration.safetensors sha256 {str(digest)[:12]}…) of {base}"
+    described = f"a {method} calibration (calibration.safetensors sha256 {digest[:12]}…) of {base}"
     return {"calibration_sha256": digest, "base_fingerprint": fingerprint, "description": described}
 
 
@@ -43,8 +43,7 @@ def model_identity(model: Any) -> Dict[str, Any]:
 def recorded_identity(record: Dict[str, Any]) -> Dict[str, Any]:
     """The identity of the calibration a (validated) record describes."""
     files = record["files"]
-    digest = (files.get("sha256") or {}).get(files["weights"])
-    return _identity(record["method"], digest, record["base_model"].get("fingerprint"))
+    return _identity(record["method"], files["sha256"][files["weights"]], record["base_model"].get("fingerprint"))
 
 
 def check_results_owner(

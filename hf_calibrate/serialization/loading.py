@@ -26,8 +26,8 @@ from .files import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE
 from .identity import weights_fingerprint
 from .ownership import file_sha256, staging_folders
 from .stated_values import check_stated_values
-from .._warnings import warn_user
-from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, UnverifiedArtifactWarning, _fail, path_problem, validate_record
+from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, _fail, validate_record
+from .value_checks import path_problem
 
 # Bounds of the calibration tensors, checked before anything is allocated.
 MAX_CALIBRATION_ELEMENTS = 2**30
@@ -39,12 +39,9 @@ MAX_ABS_VALUE = 1e6  # any other calibration tensor
 # ----------------------------------------------------------------------------- reading the record
 
 
-def read_record(root: Path, *, allow_unverified: bool = False) -> Dict[str, Any]:
-    """Parse ``calibration_config.json`` and check it (:func:`validate_record`) before anything is built.
-
-    A format-1 record has no digests, so an edit of it cannot be detected: it is refused unless
-    ``allow_unverified``, and then loaded (with every other check) under an :class:`UnverifiedArtifactWarning`.
-    """
+def read_record(root: Path) -> Dict[str, Any]:
+    """Parse ``calibration_config.json`` and check it (:func:`validate_record`: its format version, schema and digest)
+    before anything is built."""
     path = root / CALIBRATION_CONFIG
     if not path.is_file():
         raise ArtifactError(
@@ -60,25 +57,7 @@ def read_record(root: Path, *, allow_unverified: bool = False) -> Dict[str, Any]
     if not isinstance(record, dict):
         raise ArtifactError(f"{path} is not a JSON object; it is not an hf_calibrate record. {RESAVE}")
     validate_record(record, path)
-    if record["format_version"] < 2:
-        _check_unverified(path, allow_unverified)
     return record
-
-
-def _check_unverified(path: Path, allow_unverified: bool) -> None:
-    """Refuse a record written before digests, or (``allow_unverified``) warn that it is loaded unverified."""
-    seal = "re-save it with save_pretrained, which seals it (format 2) so that the next load is verified"
-    if not allow_unverified:
-        raise ArtifactError(
-            f"{path} is a format-1 record, written before records carried digests: nothing can prove it was not edited "
-            "(a changed label or temperature would load silently). If you trust the folder, pass "
-            f"allow_unverified=True to from_pretrained, or --allow-unverified to hf-calibrate (its values are still checked "
-            f"against its tensors and base), then {seal}."
-        )
-    warn_user(
-        f"{path} was loaded unverified: it was written before digests (format 1), so edits to it cannot be detected; "
-        f"{seal}.", UnverifiedArtifactWarning,
-    )
 
 
 def check_complete(root: Path, record: Dict[str, Any]) -> None:
@@ -88,10 +67,9 @@ def check_complete(root: Path, record: Dict[str, Any]) -> None:
     The card (``README.md``), which users edit, is checked only while a save's staging folder shows a save was
     interrupted (the card is installed just before the record, so a card newer than the record means a torn folder).
     """
-    files = record.get("files") or {}
-    digests, problems = files.get("sha256") or {}, []
+    digests, problems = record["files"]["sha256"], []
     interrupted = any(True for _ in staging_folders(root))
-    for name in files.get("manifest") or []:
+    for name in record["files"]["manifest"]:
         if name == CALIBRATION_CONFIG or (name == CARD_FILE and not interrupted):
             continue
         path = safe_join(root, name, what="manifest file")
@@ -221,8 +199,7 @@ def load_calibrator(root: Path, record: Dict[str, Any]) -> Calibrator:
     tensors, data = _read_tensors(path, expected, record["method"])
     check_tensor_values(path, tensors)
     check_stated_values(file, record, tensors)
-    recorded = (record["files"].get("sha256") or {}).get(weights_name)
-    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
+    if hashlib.sha256(data).hexdigest() != record["files"]["sha256"][weights_name]:
         _fail(path, "the file", f"does not match the SHA-256 recorded in {CALIBRATION_CONFIG} (key 'files.sha256'): "
               "it is corrupted or from another save")
     calibrator = cls.from_config(record["calibrator"])
@@ -395,23 +372,19 @@ def _reference_snapshot(root: Path, base: Dict[str, Any], hub_options: Dict[str,
     return folder
 
 
-def load_preprocessor(root: Path, record: Optional[Dict[str, Any]] = None) -> Any:
+def load_preprocessor(root: Path, record: Dict[str, Any]) -> Any:
     """The tokenizer or image processor saved at the root, or None (timm keeps its in config.json).
 
-    With the calibration ``record``, it is made to preprocess as the calibration was fitted
-    (``input_contract``: the calibrated image size, the tokenizer's ``max_length``), whatever
-    the saved file says — e.g. a processor saved by an older hf_calibrate. Only the root files the record's manifest
-    lists are read: transformers reads whatever tokenizer or processor files a folder holds (a stray
-    ``special_tokens_map.json`` re-maps the tokens), so they are read from a temporary folder of copies of the
-    manifest's files, never from the folder itself.
+    It is made to preprocess as the calibration was fitted (the record's ``input_contract``: the calibrated image size,
+    the tokenizer's ``max_length``), whatever the saved file says. Only the root files the record's manifest lists are
+    read: transformers reads whatever tokenizer or processor files a folder holds (a stray ``special_tokens_map.json``
+    re-maps the tokens), so they are read from a temporary folder of copies of the manifest's files, never from the
+    folder itself.
     """
     from ..backbones.preprocessing import contract_preprocessor
 
-    manifest = ((record or {}).get("files") or {}).get("manifest")
-    if manifest is None:  # a format-1 record lists nothing: its folder as it is
-        return contract_preprocessor(_preprocessor_in(root), (record or {}).get("input_contract"))
     with tempfile.TemporaryDirectory(prefix="hf_calibrate_preprocessor_") as copies:
-        for name in manifest:
+        for name in record["files"]["manifest"]:
             if "/" not in name and not name.endswith(".safetensors") and name not in (CALIBRATION_CONFIG, CARD_FILE):
                 shutil.copyfile(safe_join(root, name, what="manifest file"), Path(copies) / name)
         return contract_preprocessor(_preprocessor_in(Path(copies)), record.get("input_contract"))

@@ -24,7 +24,8 @@ from .._output_files import file_sha256
 from .files import (
     BASE_FOLDER, CALIBRATION_CONFIG, CALIBRATION_WEIGHTS, CARD_FILE, CARD_MARKER, DIAGRAM_FILE, STAGING_MARKER, STAGING_PREFIX,
 )
-from .schema import MAX_RECORD_BYTES, RECORD_DIGEST_KEY, _path_list, record_digest
+from .schema import MAX_RECORD_BYTES, RECORD_DIGEST_KEY, record_digest
+from .value_checks import path_list
 
 __all__ = [
     "Proofs", "deletable", "file_sha256", "folder_proofs", "in_the_way", "is_proven", "manifest_files", "sealed_digests",
@@ -50,7 +51,7 @@ def sealed_manifest(record: Any) -> Optional[List[str]]:
     files = record.get("files") if isinstance(record, dict) else None
     manifest = files.get("manifest") if isinstance(files, dict) else None
     sealed = isinstance(record, dict) and record.get(RECORD_DIGEST_KEY) == record_digest(record)
-    return manifest if sealed and isinstance(manifest, list) and not _path_list(manifest) else None
+    return manifest if sealed and isinstance(manifest, list) and not path_list(manifest) else None
 
 
 def sealed_digests(record: Any) -> Dict[str, str]:

@@ -19,6 +19,7 @@ from ..backbones.preprocessing import fallback_contract
 from ..calibrators import Calibrator
 from .._probabilities import PROBABILITIES
 from ..configuration import CalibratedConfig
+from ..data.calibration_rows import CalibrationRows
 from ..metrics import ReliabilityBins
 from ..results import reporting
 from ..version import __version__
@@ -50,6 +51,7 @@ class SavedModel(Protocol):
     provenance: Dict[str, Any]
     last_evaluation: Optional[Dict[str, Any]]
     preprocessor: Any
+    calibration_rows: CalibrationRows
 
     @property
     def base_model(self) -> nn.Module: ...
@@ -57,7 +59,6 @@ class SavedModel(Protocol):
     @property
     def method(self) -> str: ...
 
-    def _kept_rows(self) -> List[Any]: ...
 
 
 def calibration_record(
@@ -74,7 +75,7 @@ def calibration_record(
     contract = model.provenance.get("input_contract") or fallback_contract(backbone, delta_shape)
     fit = {key: value for key, value in model.provenance.items() if key not in _NOT_IN_FIT}
     fit["summary"] = {key: value for key, value in model.fit_summary.items() if key != "history"}
-    rows = encode_row_digests(model._kept_rows()) if row_digests else None
+    rows = encode_row_digests(model.calibration_rows.kept()) if row_digests else None
     if rows:
         fit[ROW_DIGESTS_KEY] = rows
     return {
@@ -189,13 +190,10 @@ class SavedParts:
     kept_rows: List[Any]
 
 
-def load_parts(
-    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any], *, allow_unverified: bool = False
-) -> SavedParts:
+def load_parts(root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any]) -> SavedParts:
     """The verified parts of the artifact in the local folder ``root`` (``base_model``: the base to use instead of the
-    saved one; ``hub_options``: token, cache_dir, local_files_only for a reference-only base; ``allow_unverified``:
-    load a format-1 record, which has no digests, with a warning instead of refusing it)."""
-    record, calibrator, base, preprocessor = _load_verified(root, base_model, hub_options, allow_unverified)
+    saved one; ``hub_options``: token, cache_dir, local_files_only for a reference-only base)."""
+    record, calibrator, base, preprocessor = _load_verified(root, base_model, hub_options)
     base_info = record["base_model"]
     id2label = {int(k): v for k, v in base_info["id2label"].items()}
     config = dict(
@@ -216,11 +214,11 @@ def load_parts(
 
 
 def _load_verified(
-    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any], allow_unverified: bool
+    root: Path, base_model: Optional[nn.Module], hub_options: Dict[str, Any]
 ) -> Tuple[Dict[str, Any], Calibrator, nn.Module, Any]:
     """(record, calibrator, base, preprocessor) of the artifact in ``root``, each verified, under the folder's read lock."""
     with reading(root):
-        record = read_record(root, allow_unverified=allow_unverified)
+        record = read_record(root)
         check_complete(root, record)
         calibrator = load_calibrator(root, record)
         base = base_model if base_model is not None else load_base(root, record, **hub_options)

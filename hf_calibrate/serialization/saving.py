@@ -92,9 +92,8 @@ def _refuse_blockers(root: Path, names: List[str], proofs: Proofs, *, replace_ca
             f"{'this' if len(blocked) == 1 else 'these'} (a link, a folder, a file of yours, or a file changed since "
             f"hf_calibrate saved it: its SHA-256 is not the one the folder's {CALIBRATION_CONFIG} records), and saving "
             "would replace it. Move it elsewhere, or save to another folder." + (
-                f" The folder's {CALIBRATION_CONFIG} carries no valid seal (written before digests, or edited by hand), "
-                "so nothing proves which files are the library's: if you trust it, load it with "
-                "from_pretrained(..., allow_unverified=True) and save it into a new folder." if unsealed else "")
+                f" The folder's {CALIBRATION_CONFIG} carries no valid seal (edited by hand, or not written by this "
+                "version), so nothing proves which files are the library's: save into a new folder." if unsealed else "")
         )
 
 

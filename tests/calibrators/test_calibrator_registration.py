@@ -23,7 +23,7 @@ import _tiny_models as tm
 import hf_calibrate
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import CALIBRATORS, Calibrator, HeadCalibrator, MatrixScaling, NeuralClamping, calibrator_class
-from hf_calibrate.calibrators.base import check_fields, require
+from hf_calibrate.calibrators.options import check_fields, require
 from hf_calibrate.fitting.families import FAMILIES, family_of
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 import warnings
+from typing import Dict
 
 import numpy as np
 import pytest
@@ -14,8 +16,10 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 from sklearn.isotonic import IsotonicRegression
 
+import hf_calibrate.calibrators as calibrators
 from hf_calibrate.calibrators import (
     CALIBRATORS,
+    Calibrator,
     DirichletCalibration,
     HistogramBinning,
     IsotonicCalibration,
@@ -28,7 +32,8 @@ from hf_calibrate.calibrators import (
     focal_loss,
     parse_options,
 )
-from hf_calibrate.calibrators.binning import _interpolate, _top_label_vector
+from hf_calibrate.calibrators.binning import _top_label_vector
+from hf_calibrate.calibrators.isotonic import _interpolate
 from hf_calibrate.metrics import expected_calibration_error
 
 
@@ -70,7 +75,7 @@ def test_vector_scaling_reaches_the_optimum_of_scipys_lbfgs(classes, count, shar
     optimum is finite; a scale the optimum would make negative ends at the lower bound)."""
     from scipy.optimize import minimize
 
-    from hf_calibrate.calibrators.vector_newton import SCALE_BOUNDS
+    from hf_calibrate.calibrators.solvers.vector_newton import SCALE_BOUNDS
 
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(count, classes, generator=generator, dtype=torch.float64) * 3
@@ -247,7 +252,7 @@ def test_the_strength_is_selected_by_cross_fitted_nll(cls):
 def test_the_variables_lbfgs_moves_make_the_ridge_the_same_in_every_direction(classes):
     """Δ = S ⊙ U (``isotropic_scale``): the ridge of (U, b) is ρ_d (‖U‖² + ‖b‖²) whatever λ and N, and the objective is
     the one of Δ."""
-    from hf_calibrate.calibrators.linear_maps import isotropic_scale, matrix_objective, ridge_strengths
+    from hf_calibrate.calibrators.solvers.linear_maps import isotropic_scale, matrix_objective, ridge_strengths
 
     generator = torch.Generator().manual_seed(classes)
     scaled, labels = torch.randn(50, classes, generator=generator, dtype=torch.float64), torch.arange(50) % classes
@@ -267,7 +272,7 @@ def test_a_fixed_strength_reaches_the_optimum_of_scipys_lbfgs(cls):
     """A fixed λ: our L-BFGS (float64 here) against scipy's L-BFGS-B run to a tight tolerance on the same objective."""
     from scipy.optimize import minimize
 
-    from hf_calibrate.calibrators.linear_maps import matrix_objective, ridge_strengths
+    from hf_calibrate.calibrators.solvers.linear_maps import matrix_objective, ridge_strengths
 
     logits, labels = miscalibrated(n=600, classes=4, seed=3)
     calibrator, summary = fitted(cls, logits, labels, l2=0.5)
@@ -309,7 +314,7 @@ def test_the_pull_bounds_the_change_from_temperature_scaling(cls):
 
 def _interrupted_at(evaluation: int, monkeypatch):
     """Make matrix scaling's objective raise KeyboardInterrupt (as Ctrl-C) at its ``evaluation``-th call with gradients."""
-    from hf_calibrate.calibrators import linear_maps
+    from hf_calibrate.calibrators.solvers import linear_maps
 
     calls, make_objective = [0], linear_maps.matrix_objective
 
@@ -355,7 +360,8 @@ def test_lbfgs_fits_show_progress_per_fit(joint, monkeypatch):
     ``LinearMap.fits_jointly``'s limit one per fold and λ, then the refit."""
     from tqdm.auto import tqdm
 
-    from hf_calibrate.calibrators import lbfgs, linear_maps
+    from hf_calibrate.calibrators.solvers import lbfgs
+    from hf_calibrate.calibrators.solvers import linear_maps
     from hf_calibrate.calibrators.base import FitContext
 
     bars = []
@@ -379,7 +385,7 @@ def test_lbfgs_fits_show_progress_per_fit(joint, monkeypatch):
 
 
 def test_a_long_fit_is_announced_with_its_bound(monkeypatch):
-    from hf_calibrate.calibrators import lbfgs
+    from hf_calibrate.calibrators.solvers import lbfgs
     from hf_calibrate.calibrators.base import FitContext
 
     logits, labels = miscalibrated(n=300, classes=4)
@@ -454,12 +460,19 @@ def test_isotonic_one_vs_rest_rows_are_distributions():
     assert torch.allclose(probs.sum(1), torch.ones(len(logits), dtype=torch.float64))
 
 
-LOGIT_FITS = [("temperature", {}), ("vector", {}), ("matrix", {}), ("dirichlet", {}), ("histogram", {}),
-              ("histogram", {"mode": "one_vs_rest"}), ("isotonic", {}), ("isotonic", {"mode": "one_vs_rest"})]
+# The method-parametrised tests below take every registered logit method (a new one too, with no edit here); the
+# tables hold only what differs per method, and a method they do not name gets the default.
+#: the logit methods: fitted on cached logits alone (Calibrator.fitted_on_logits)
+LOGIT_METHODS = [name for name, cls in CALIBRATORS.items() if cls.fitted_on_logits()]
+#: options each method is fitted with besides its defaults ({}): one more fit per mode of the binning methods
+MORE_OPTIONS = {"histogram": [{"mode": "one_vs_rest"}], "isotonic": [{"mode": "one_vs_rest"}]}
+LOGIT_FITS = [(method, options) for method in LOGIT_METHODS for options in [{}, *MORE_OPTIONS.get(method, [])]]
+#: the fits' test ids: ``histogram``, ``histogram-mode=one_vs_rest``
+LOGIT_FIT_IDS = ["-".join([method, *(f"{key}={value}" for key, value in options.items())]) for method, options in LOGIT_FITS]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("method, options", LOGIT_FITS)
+@pytest.mark.parametrize("method, options", LOGIT_FITS, ids=LOGIT_FIT_IDS)
 def test_logit_fits_agree_on_cpu_and_gpu(method, options):
     """The same code path on a GPU tensor: equal calibrated probabilities up to summation order."""
     logits, labels = miscalibrated(n=3000, classes=8)
@@ -473,7 +486,7 @@ def test_logit_fits_agree_on_cpu_and_gpu(method, options):
     torch.testing.assert_close(found, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("method, options", LOGIT_FITS)
+@pytest.mark.parametrize("method, options", LOGIT_FITS, ids=LOGIT_FIT_IDS)
 def test_labels_as_users_hold_them(method, options):
     """uint8 tensors, numpy arrays and lists of labels fit like int64 tensors."""
     logits, labels = miscalibrated(n=400, classes=5)
@@ -556,9 +569,16 @@ def test_top_label_vector_keeps_argmax_and_order(case):
 
 
 # Synthetic data over-confident by a factor 3 (4,000 rows each way): over 5 (fit, test) seed pairs
-# the calibrated/uncalibrated ECE ratio was at most 0.08 (TS, vector, matrix, Dirichlet) and
-# 0.11 (histogram, isotonic), against the bound 0.5.
-@pytest.mark.parametrize("method", ["temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic"])
+# the calibrated/uncalibrated ECE ratio was at most 0.08 (TS, vector, matrix, Dirichlet), 0.11
+# (histogram, isotonic, structured matrix) and 0.09 (structured vector), against the bound 0.5.
+#: the bound of that ratio for the methods that undo over-confidence
+ECE_RATIO_BOUND = {method: 0.5 for method in ("temperature", "vector", "matrix", "dirichlet", "structured_vector",
+                                               "structured_matrix", "histogram", "isotonic")}
+#: a method not in ECE_RATIO_BOUND must not make the ECE worse (a per-class bias leaves it at 1.0)
+DEFAULT_ECE_RATIO_BOUND = 1.1
+
+
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_every_logit_method_lowers_ece_on_fresh_data(method):
     logits, labels = miscalibrated(seed=0)
     test_logits, test_labels = miscalibrated(seed=1)
@@ -567,7 +587,7 @@ def test_every_logit_method_lowers_ece_on_fresh_data(method):
     with torch.no_grad():
         after = expected_calibration_error(calibrator(test_logits), test_labels, from_logits=True)
     before = expected_calibration_error(test_logits, test_labels, from_logits=True)
-    assert after < 0.5 * before
+    assert after < ECE_RATIO_BOUND.get(method, DEFAULT_ECE_RATIO_BOUND) * before
 
 
 def test_focal_loss_definition():
@@ -586,11 +606,28 @@ def test_unknown_methods_and_options_are_named():
         parse_options(HistogramBinning.Options, {"n_bin": 5}, "histogram")
     with pytest.raises(ValueError, match="mode must be one of"):
         HistogramBinning(3, mode="per_class")
-    assert set(CALIBRATORS) == {
-        "temperature", "vector", "matrix", "dirichlet", "structured_vector", "structured_matrix", "histogram", "isotonic",
-        "neural_clamping", "tst",
-        "vtst", "mac_cal",
-    }
+
+
+def _defined_methods() -> Dict[str, type]:
+    """{method: class} of every class that a loaded module of the calibrators package defines and that names its own
+    ``method``."""
+    found, classes = {}, [Calibrator]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        module = sys.modules.get(cls.__module__) if cls.__module__.startswith(f"{calibrators.__name__}.") else None
+        if "method" in cls.__dict__ and getattr(module, cls.__name__, None) is cls:
+            found[cls.method] = cls
+    return found
+
+
+def test_the_registry_holds_exactly_the_methods_defined_in_the_package():
+    """Every class of the package that names its own ``method`` is registered under it, and nothing else of the package
+    is (a base class such as HeadCalibrator names none)."""
+    defined = _defined_methods()
+    assert {name: cls for name, cls in CALIBRATORS.items() if cls.__module__.startswith(f"{calibrators.__name__}.")} == defined
+    assert all(cls.method == name for name, cls in CALIBRATORS.items())
+    assert {"temperature", "neural_clamping", "tst"} <= set(defined)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import holdout
 from hf_calibrate.calibrators.holdout import FoldLayout, cross_fitting_folds, default_folds
 from hf_calibrate.calibrators.linear import MatrixScaling, RegularisedOptions, fit_matrix, fit_vector
-from hf_calibrate.calibrators.vector_newton import vector_scaling_pass
+from hf_calibrate.calibrators.solvers.vector_newton import vector_scaling_pass
 
 
 def test_the_fold_count_is_five_below_the_threshold_two_from_it_and_a_given_number_always():
@@ -95,7 +95,7 @@ def test_the_vector_pass_gives_the_loss_gradient_and_hessian_blocks_of_autograd(
 def test_the_vector_pass_coupling_completes_the_hessian_of_autograd():
     """With ``coupled=True`` the pass's Σ uᵀu, joined to its 2×2 blocks (``full_hessian``), is the whole (2C × 2C)
     Hessian of the mean NLL in (a, b) that autograd gives, over more rows than one chunk."""
-    from hf_calibrate.calibrators.vector_newton import full_hessian
+    from hf_calibrate.calibrators.solvers.vector_newton import full_hessian
 
     logits, labels = _logits(3000, 7, 8)
     generator = torch.Generator().manual_seed(9)
@@ -113,7 +113,7 @@ def test_the_vector_pass_coupling_completes_the_hessian_of_autograd():
 def test_full_newton_steps_reach_the_block_steps_optimum_in_fewer_iterations(classes, monkeypatch):
     """Up to ``FULL_NEWTON_MAX_CLASSES`` the steps use the whole Hessian: the same optimum as the block steps (to the
     fits' tolerance), in at most 6 iterations (quadratic convergence), fewer than the block steps."""
-    from hf_calibrate.calibrators import vector_newton
+    from hf_calibrate.calibrators.solvers import vector_newton
 
     logits, labels = _logits(600, classes, 10)
     problems = 2
@@ -155,7 +155,8 @@ def test_a_check_fitted_jointly_scores_and_fits_as_one_fitted_fold_by_fold(metho
     """On small data (``LinearMap.fits_jointly``) the folds' fits and the fit on all rows are one joint fit: its cross-fitted scores
     and its fitted map are those of the folds fitted one by one and the choice refitted, to the optimisers' tolerance
     (L-BFGS stops within ~1e-9 of each fold's objective either way; its flat directions move a held-out NLL by ~5e-6)."""
-    from hf_calibrate.calibrators import calibrator_class, linear_maps
+    from hf_calibrate.calibrators import calibrator_class
+    from hf_calibrate.calibrators.solvers import linear_maps
 
     logits, labels = _logits(400, 6, 7)
     options = RegularisedOptions(l2_grid=(10.0, 1.0, 0.1))
@@ -182,7 +183,7 @@ def test_a_joint_lbfgs_run_that_spends_its_budget_finishes_each_fit_alone():
     reports its own loss and convergence."""
     from unittest import mock
 
-    from hf_calibrate.calibrators import linear_maps
+    from hf_calibrate.calibrators.solvers import linear_maps
 
     logits, labels = _logits(300, 4, 8)
     options = RegularisedOptions(l2_grid=(0.01,))

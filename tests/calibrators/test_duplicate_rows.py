@@ -1,4 +1,4 @@
-"""Duplicated calibration rows (issue 40, item 1): a held-out row's copies are never among the rows fitted on.
+"""Duplicated calibration rows: a held-out row's copies are never among the rows fitted on.
 
 Every selection by folds or hold-out keeps rows of equal content together (``calibrators/holdout.py``), and a row's
 copies count as one sample in the paired intervals; without a repeated row the folds and splits are those of the
@@ -107,7 +107,7 @@ def test_a_rows_copies_are_one_sample_in_the_paired_interval():
     assert paired_difference(differences[:10].repeat(10), torch.arange(10).repeat(10))["low"] is None  # 10 samples
 
 
-# ----------------------------------------------------------------------------- the issue's case: 30 rows × 10
+# ----------------------------------------------------------------------------- few distinct rows: 30 rows × 10
 
 
 def _fit_logits(method: str, logits: torch.Tensor, labels: torch.Tensor, **given) -> tuple:

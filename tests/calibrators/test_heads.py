@@ -12,11 +12,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedModel
-from hf_calibrate.calibrators import MaskedClassifierHead, VariationalTwoStageHead
+from hf_calibrate.calibrators import CALIBRATORS, MaskedClassifierHead, VariationalTwoStageHead
 from hf_calibrate.fitting.heads import FeatureStore
 from hf_calibrate.serialization import weights_fingerprint
 
-HEADS = ("tst", "vtst", "mac_cal")
+HEADS = tuple(name for name, cls in CALIBRATORS.items() if cls.needs_features)  # every head method, from the registry
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: one torch thread for the module
@@ -131,45 +131,6 @@ def test_vtst_mean_and_variance_come_from_separate_branches(heads):
             parameter.copy_(value)
     assert torch.equal(mean, moved_mean) and not torch.equal(log_variance, moved_log_variance)
     assert bool((log_variance <= 0).all())  # σ² ≤ 1
-
-
-def test_vtst_saved_with_a_shared_hidden_layer_loads_as_saved(problem, tmp_path):
-    """Records written before the two-branch layout have no ``shared_hidden`` key; they load with
-    the shared hidden layer they were trained with and predict exactly as before."""
-    import json
-
-    import hf_calibrate.serialization as serialization
-
-    model = overconfident_classifier()
-    fitted = CalibratedModel.fit(model, problem["train"], method="vtst", validation_data=problem["validation"], epochs=2, progress=False)
-    old = VariationalTwoStageHead(4, 32, latent_dim=fitted.calibrator.latent_dim, shared_hidden=True)
-    old.head_module.noise.copy_(fitted.calibrator.head_module.noise)
-    old.classifier, old.is_fitted = fitted.calibrator.classifier, True
-    fitted.calibrator = old
-    fitted.save_pretrained(tmp_path)
-    record = json.loads((tmp_path / "calibration_config.json").read_text())
-    assert record["calibrator"].pop("shared_hidden") is True
-    (tmp_path / "calibration_config.json").write_text(json.dumps(serialization.seal_record(record)))
-    loaded = CalibratedModel.from_pretrained(tmp_path, base_model=model)
-    assert loaded.calibrator.shared_hidden and hasattr(loaded.calibrator.head_module, "hidden")
-    x = problem["test"].tensors[0][:16]
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x), fitted(x), rtol=0, atol=0)
-
-
-def test_vtst_record_with_a_non_boolean_layout_flag_is_refused(heads, tmp_path):
-    import json
-
-    import hf_calibrate.serialization as serialization
-    from hf_calibrate.serialization import ArtifactError
-
-    _, _, fitted = heads
-    fitted["vtst"].save_pretrained(tmp_path)
-    record = json.loads((tmp_path / "calibration_config.json").read_text())
-    record["calibrator"]["shared_hidden"] = "no"
-    (tmp_path / "calibration_config.json").write_text(json.dumps(serialization.seal_record(record)))
-    with pytest.raises(ArtifactError, match="shared_hidden.*true or false"):
-        CalibratedModel.from_pretrained(tmp_path, base_model=fitted["vtst"].base_model)
 
 
 def test_default_schedule_says_when_the_head_is_still_improving(problem, monkeypatch):
@@ -294,20 +255,6 @@ def test_a_bare_linear_classifier_on_cached_features(problem, tmp_path, method):
 def test_heads_need_validation_or_holdout(problem):
     with pytest.raises(ValueError, match="validation_data=... or holdout_fraction > 0"):
         CalibratedModel.fit(overconfident_classifier(), problem["train"], method="tst", holdout_fraction=0.0, progress=False)
-
-
-def test_mac_cal_classes_are_still_found_at_their_old_path():
-    """MaC-Cal's classes moved from ``calibrators.heads`` to ``calibrators.mac_cal`` (which builds on ``heads``, so
-    ``heads`` does not import it back): the package sets them on ``heads``, for old imports and objects pickled by
-    reference under the old module."""
-    import pickle
-
-    from hf_calibrate.calibrators import heads, mac_cal
-    from hf_calibrate.calibrators.heads import MaskedClassifierHead as old
-
-    assert old is mac_cal.MaskedClassifierHead and heads._MaskedLinear is mac_cal._MaskedLinear
-    by_reference = pickle.dumps(heads._MaskedLinear, protocol=0).replace(b"hf_calibrate.calibrators.mac_cal", b"hf_calibrate.calibrators.heads")
-    assert pickle.loads(by_reference) is mac_cal._MaskedLinear
 
 
 @pytest.mark.parametrize("method", HEADS)

@@ -1,5 +1,5 @@
 """Logits on a scale far from a model's: probabilities given as logits (a model ending in a softmax), log-probabilities
-(one ending in log_softmax), and logits multiplied by 1e-6 or 1e30, whose temperature ends at its bound (issue 40)."""
+(one ending in log_softmax), and logits multiplied by 1e-6 or 1e30, whose temperature ends at its bound."""
 
 from __future__ import annotations
 

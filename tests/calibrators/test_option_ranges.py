@@ -1,4 +1,4 @@
-"""Every number option has a finite range the fit can use, checked where options are checked (issue 31, items 6-7).
+"""Every number option has a finite range the fit can use, checked where options are checked.
 
 A value outside it is refused by ``CalibratedModel.fit`` before any data are read, naming the option, the value, the
 range and the fix; a value at either end of it fits. Sizes (bins, latent widths, Monte-Carlo samples) are bounded the
@@ -38,7 +38,7 @@ def _float_options():
         hints = typing.get_type_hints(calibrator.Options)
         for field in dataclasses.fields(calibrator.Options):
             if _mentions_float(hints[field.name]):
-                yield method, field.name, field.metadata.get("range")  # declared with calibrators.base.ranged
+                yield method, field.name, field.metadata.get("range")  # declared with calibrators.options.ranged
 
 
 FLOAT_OPTIONS = list(_float_options())
@@ -69,7 +69,7 @@ def _fit(model: nn.Module, data: TensorDataset, method: str, **options: typing.A
 
 @pytest.mark.parametrize(("method", "name", "allowed"), FLOAT_OPTIONS, ids=[f"{m}.{n}" for m, n, _ in FLOAT_OPTIONS])
 def test_every_float_option_declares_a_finite_range(method, name, allowed):
-    from hf_calibrate.calibrators.base import Range
+    from hf_calibrate.calibrators.options import Range
 
     assert isinstance(allowed, Range), f"{method} option {name} declares no range (ranged(default, Range(...)))"
     assert math.isfinite(allowed.low) and math.isfinite(allowed.high) and allowed.low < allowed.high
@@ -97,7 +97,7 @@ def test_a_float_option_at_either_end_of_its_range_fits(plain, rows, method, nam
 
 
 @pytest.mark.parametrize(("method", "options", "name", "said"), [
-    ("neural_clamping", {"lr": 1e308}, "lr", "a positive number in (0, 1]"),  # the issue's: torch's overflow RuntimeError
+    ("neural_clamping", {"lr": 1e308}, "lr", "a positive number in (0, 1]"),  # torch's overflow RuntimeError
     ("neural_clamping", {"lr": 1e6}, "lr", "a positive number in (0, 1]"),  # fitted T = inf, silently
     ("neural_clamping", {"temperature_init": 1e-300}, "temperature_init", "a number in [0.001, 1000]"),  # NaN probabilities
     ("neural_clamping", {"gamma": [1.0, 1e300]}, "gamma", "a non-negative number in [0, 100] (each value of the list)"),

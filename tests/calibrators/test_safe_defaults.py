@@ -1,4 +1,4 @@
-"""Safe defaults on small, nearly separable calibration data (issue 28): cross-fitting, the priors of the
+"""Safe defaults on small, nearly separable calibration data: cross-fitting, the priors of the
 binning methods, the least data each method needs, and the bounds on a histogram's size.
 
 Each test asserts a property of the fit that holds on any machine; held-out quality on real models is
@@ -21,9 +21,9 @@ from hf_calibrate.calibrators.requirements import (
     check_calibration_data,
     outlier_warnings,
 )
-from hf_calibrate.fitting.auto import CANDIDATES
+from hf_calibrate.fitting.auto.selection import default_logit_candidates
 
-LOGIT_METHODS = CANDIDATES  # every logit method, as auto chooses among them
+LOGIT_METHODS = default_logit_candidates()  # every logit method, as auto chooses among them
 
 
 def nearly_separable(n: int = 450, classes: int = 10, errors: int = 3, seed: int = 0):

@@ -169,8 +169,8 @@ def test_auto_leaves_out_a_map_too_large_for_memory_naming_its_estimate(monkeypa
     are fitted as usual."""
     from hf_calibrate.calibrators import memory
     from hf_calibrate.calibrators.holdout import content_groups, cross_fitting_folds
-    from hf_calibrate.fitting.auto_scoring import score_candidates
-    from hf_calibrate.fitting.engine import Engine, EngineOptions
+    from hf_calibrate.fitting.auto.scoring import score_candidates
+    from hf_calibrate.fitting.runtime.engine import Engine, EngineOptions
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1_100_000)  # enough for TS and structured vector only
     logits, labels = _data(6, rows=400, classes=20, sharpness=0.5)  # every class present

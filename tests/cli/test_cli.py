@@ -318,21 +318,16 @@ def test_evaluate_diagram_title_names_the_method_as_fits_does(in_sample_fallback
     assert title.startswith("calibrated: ") and method_title(record) in title and "digits-val, validation split" in title
 
 
-def test_a_calibration_saved_before_digests_loads_only_with_allow_unverified(fitted, digits_folder, tmp_path):
-    """A format-1 folder is refused naming the CLI's own flag; with ``--allow-unverified`` it is evaluated, and a warning
-    line says it is unverified."""
+def test_a_calibration_of_format_one_is_refused_in_one_line(fitted, digits_folder, tmp_path):
+    """A format-1 folder (no digests, before the first release) is refused in one error line naming the format and
+    the fix."""
     import shutil
 
     old = tmp_path / "old"
     shutil.copytree(fitted["output"], old)
     format_one_artifact(old)
-    command = ("evaluate", "--model", str(old), "--dataset", str(digits_folder), "--split", "test", "--json", "--no-progress",
-               "--bootstrap", "0")
-    assert_user_error(run_cli(*command), "format-1 record", "--allow-unverified")
-    result = run_cli(*command, "--allow-unverified")
-    assert_ok(result)
-    assert json.loads(result.stdout)["calibrated"]["num_samples"] > 0
-    assert "warning:" in result.stderr and "loaded unverified" in result.stderr
+    result = run_cli("evaluate", "--model", str(old), "--dataset", str(digits_folder), "--split", "test", "--no-progress")
+    assert_user_error(result, "format_version 1", "fit the calibration again")
 
 
 def test_evaluate_json_is_the_whole_evaluation(local_evaluation):

@@ -1,4 +1,4 @@
-"""Every command that writes checks its target before any work (issue 39, item 2).
+"""Every command that writes checks its target before any work.
 
 A file is replaced only when its bytes prove an earlier write of ours made it (:mod:`hf_calibrate._output_files`);
 a user's file, one edited since, or a link (written through never) is refused, naming it, before the model is

@@ -1,9 +1,9 @@
 """In-sample honesty for ``datasets`` data: rows derived from the calibration data are recognised as its rows.
 
 The probe: ``evaluate(cal.select(range(100)))``, ``evaluate(cal.shuffle(seed=3))`` and
-``evaluate(cal.to_iterable_dataset())`` reported ``in_sample=False`` although every row was calibration data
-(issue 31, item 3); ``map`` (rows copied) and rows that cannot be compared said False too, and data holding some
-calibration rows said True without saying how many.
+``evaluate(cal.to_iterable_dataset())`` hold nothing but calibration rows, so each must report ``in_sample=True``
+rather than pass for held-out data; so must rows copied by ``map``. Rows that cannot be compared are unknown (None),
+never a confident False, and data holding some calibration rows say how many.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hf_calibrate import CalibratedModel
+from hf_calibrate.data.calibration_rows import CalibrationRows
 from hf_calibrate.data.lineage import holds_rows_of, row_digests, shared_rows
 from hf_calibrate.results.reporting import evaluation_label
 
@@ -135,7 +136,7 @@ def test_a_genuinely_different_test_set_is_held_out(calibration):
         "calibration": 10, "total": 10}
 
 
-def test_rows_that_cannot_be_compared_are_unknown_not_held_out(calibrated, calibration):
+def test_a_copy_whose_inputs_changed_type_is_unknown_not_held_out(calibrated, calibration):
     """A copy whose inputs changed type (float64 → float32) shares no memory and no column of comparable content
     with the calibration data: whether its rows are calibration rows is unknown (None), not False."""
     cast = calibration.cast_column("input", datasets.Sequence(datasets.Value("float32")))
@@ -195,7 +196,7 @@ def test_rows_of_calibration_data_passed_inline_are_known_after_the_object_is_go
     torch.manual_seed(0)
     model = CalibratedModel.fit(nn.Linear(6, 4).eval(), full.select(range(80)), method="temperature", progress=False)
     gc.collect()
-    assert all(reference() is None for reference in model._fitted_data)
+    assert all(reference() is None for reference in model.calibration_rows.objects)
     result = model.evaluate(full, bootstrap=0, progress=False)
     assert (result["in_sample"], result["in_sample_rows"]) == (True, {"calibration": 80, "total": ROWS})
     assert model.evaluate(full.select(range(80, ROWS)), bootstrap=0, progress=False)["in_sample"] is False
@@ -266,7 +267,7 @@ def test_rows_that_cannot_be_compared_are_unknown_not_held_out():
     table = _table(5)
     fitted = CalibratedModel.fit(nn.Linear(6, 4).eval(), table.select(range(60)), method="temperature", progress=False)
     assert fitted.fitted_on(table.select(range(60, ROWS))) is False
-    fitted._fitted_data, fitted._fitted_rows = [], []  # what a model loaded from a record without row digests holds
+    fitted.calibration_rows = CalibrationRows()  # what a model loaded from a record without row digests holds
     assert fitted.fitted_on(table.select(range(60, ROWS))) is None
 
 
@@ -347,7 +348,7 @@ def test_a_gone_fitted_object_without_digests_leaves_its_rows_unknown_not_held_o
     gc.collect()
     assert model.evaluate(TensorDataset(inputs[100:], labels[100:]), bootstrap=0, progress=False)["in_sample"] is None
     assert model.evaluate(TensorDataset(inputs[:10], labels[:10]), bootstrap=0, progress=False)["in_sample"] is True
-    assert model._kept_rows()[1] is None  # nothing to save: a partial set of digests would say False for those rows
+    assert model.calibration_rows.kept()[1] is None  # nothing to save: a partial set of digests would say False for those rows
 
 
 def test_in_sample_false_over_calibration_rows_is_kept_but_warned_about():

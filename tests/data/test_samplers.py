@@ -1,4 +1,4 @@
-"""A ``DataLoader`` is read as the samples one pass of it yields, whatever picks them (issue 42, items 1 and 4).
+"""A ``DataLoader`` is read as the samples one pass of it yields, whatever picks them.
 
 Each case fits temperature scaling through a loader over 200 rows and compares it with the fit on exactly the rows one
 pass of the loader yields (a ``Subset``): the same temperature, bit for bit, and the same count. Samplers that draw with

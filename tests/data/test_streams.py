@@ -1,4 +1,4 @@
-"""Streamed calibration data, piece by piece (hf_calibrate.data.sources / stream, fitting.scan), with tiny models.
+"""Streamed calibration data, piece by piece (hf_calibrate.data.streams.units / stream, fitting.scan), with tiny models.
 
 The real-model comparisons of every form against the map-style data are in tests/data/test_data_forms.py;
 here: the engine's block shuffle, the stream index, serving a plan, the re-read checks and every
@@ -17,7 +17,7 @@ import _tiny_models as tm
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import adapt
 from hf_calibrate.data import StreamIndex, prepare_data
-from hf_calibrate.data.stream import trim_right_padding
+from hf_calibrate.data.streams.index import trim_right_padding
 from hf_calibrate.fitting import Engine, EngineOptions
 from hf_calibrate.metrics import NonFiniteError
 
@@ -80,8 +80,8 @@ def test_serving_a_plan_hands_over_each_micro_batch_in_plan_order(tiny):
 
 
 def test_rows_past_spill_bytes_are_memory_mapped_bit_for_bit(tiny, tmp_path, monkeypatch):
-    from hf_calibrate.fitting import rows
-    from hf_calibrate.fitting.rows import RowBuffer
+    from hf_calibrate.fitting.runtime import collected_rows as rows
+    from hf_calibrate.fitting.runtime.collected_rows import RowBuffer
 
     made = []
     mkstemp = rows.tempfile.mkstemp
@@ -308,7 +308,7 @@ def test_raw_text_batches_are_tokenized_with_the_models_tokenizer():
 
 
 def test_one_shot_data_with_fit_and_evaluate_and_in_two_roles(tiny):
-    from hf_calibrate.modeling import fit_and_evaluate
+    from hf_calibrate.fit_evaluate import fit_and_evaluate
 
     model, batches = tiny
     calibrated, evaluation = fit_and_evaluate(model, (batch for batch in batches), method="temperature", progress=False)

@@ -20,9 +20,9 @@ from _tiny_models import NUM_CLASSES, plain_data, plain_module
 from hf_calibrate import CalibratedModel
 from hf_calibrate.backbones import ClassifierLayerError
 from hf_calibrate.calibrators import InvalidOptionError, TemperatureScaling, cross_fitting_folds, fit_inverse_temperature
-from hf_calibrate.fitting import auto
-from hf_calibrate.fitting.auto import CANDIDATES, AutoOptions, choose
-from hf_calibrate.fitting.auto_scoring import Scored, cross_fitted_nll
+from hf_calibrate.fitting.auto import selection as auto
+from hf_calibrate.fitting.auto.selection import AutoOptions, choose, default_logit_candidates
+from hf_calibrate.fitting.auto.scoring import Scored, cross_fitted_nll
 from hf_calibrate.results.reporting import auto_note, auto_table, seconds_text
 
 CLASSES = 4
@@ -129,7 +129,7 @@ def test_overconfidence_alone_keeps_temperature_scaling():
     logits, labels = _logits_and_labels(200, 2, scale=3.0)
     model = _fit_auto(logits, labels)
     assert model.method == "temperature"
-    assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *CANDIDATES, "neural_clamping"]
+    assert [row["method"] for row in model.fit_summary["auto"]["candidates"]] == ["uncalibrated", *default_logit_candidates(), "neural_clamping"]
     assert model.calibrator.temperature.item() == pytest.approx(3.0, rel=0.25)
     clamping = model.fit_summary["auto"]["candidates"][-1]
     assert "not a candidate without a budget" in clamping["excluded"] and "pass budget=" in clamping["excluded"]
@@ -362,7 +362,7 @@ def test_options_auto_cannot_use_are_refused_naming_the_fix(options, words):
 
 def test_temperature_scaling_is_always_a_candidate():
     assert AutoOptions(candidates=["isotonic", "vector"]).methods() == ["temperature", "vector", "isotonic"]
-    assert AutoOptions().methods() == list(CANDIDATES)
+    assert AutoOptions().methods() == list(default_logit_candidates())
 
 
 @pytest.mark.parametrize("method", ["auto", "temperature"])

@@ -1,4 +1,4 @@
-"""What ``method="auto"`` and a logit fit say must be what they did (issue 40, item 4).
+"""What ``method="auto"`` and a logit fit say must be what they did.
 
 * the reason, the note, the table and the card word the rule the code applies, with the evidence of its last step
   (the paired difference of the compared candidates to the lowest-scoring one);
@@ -17,16 +17,18 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hf_calibrate import CalibratedModel
-from hf_calibrate.calibrators import MatrixScaling, lbfgs
-from hf_calibrate.fitting import auto, auto_scoring
-from hf_calibrate.fitting.auto import auto_record, choose
-from hf_calibrate.fitting.auto_scoring import Scored
+from hf_calibrate.calibrators import MatrixScaling
+from hf_calibrate.calibrators.solvers import lbfgs
+from hf_calibrate.fitting.auto import selection as auto
+from hf_calibrate.fitting.auto import scoring as auto_scoring
+from hf_calibrate.fitting.auto.selection import auto_record, choose
+from hf_calibrate.fitting.auto.scoring import Scored
 from hf_calibrate.fitting.calibrate import CalibrationFitWarning
 from hf_calibrate.results import cards
 from hf_calibrate.results.reporting import auto_note, auto_table
 
 ROWS = 400
-#: the rule's last step, as the reason, the card and the README word it
+#: the rule's last step, as the reason, the card and docs/choosing-a-method.md word it
 FINAL_STEP = "the simplest whose held-out NLL is not shown worse than the lowest one's"
 
 

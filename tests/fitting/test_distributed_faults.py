@@ -99,7 +99,7 @@ def test_every_process_raises_the_same_error_for_data_only_one_holds(tmp_path):
         assert f"sample(s) {sample} " in message and "remove or impute" in message, (name, message)
     kind, message = outcomes["evaluate_label_on_rank_1"]
     assert kind == "ValueError" and "labels do not match the model" in message, message
-    kind, message = outcomes["fit_token_id_on_rank_1"]  # issue 31: was an IndexError on rank 1 alone, rank 0 left waiting
+    kind, message = outcomes["fit_token_id_on_rank_1"]  # refused on every rank, not an IndexError on rank 1 leaving rank 0 waiting
     assert kind == "ValueError" and f"holds token ids in sample(s) {ON_RANK_1} " in message and "vocabulary of 50" in message, message
 
 

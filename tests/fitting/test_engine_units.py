@@ -1,4 +1,4 @@
-"""The engine's index plans, unit by unit (hf_calibrate/fitting/engine.py, hf_calibrate/data/stream.py).
+"""The engine's index plans, unit by unit (hf_calibrate/fitting/runtime/engine.py, hf_calibrate/data/streams/index.py).
 
 Everything a fit reads is planned as dataset indices before any sample is loaded
 (docs/design.md §3.0): the seeded hold-out split (``Engine.split_indices``), the global batches
@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
 from hf_calibrate.data import PreparedData, StreamedData, StreamIndex
-from hf_calibrate.data.stream import _Plan
-from hf_calibrate.fitting.engine import Engine, EngineOptions, steps_per_epoch
+from hf_calibrate.data.streams.index import _Plan
+from hf_calibrate.fitting.runtime.engine import Engine, EngineOptions, steps_per_epoch
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py: small tensors, one torch thread
 

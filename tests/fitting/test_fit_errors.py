@@ -118,7 +118,7 @@ def test_inputs_on_another_device(cnn, data):
 
 def test_nan_loss_aborts_and_leaves_the_model_as_it_was(cnn, data, monkeypatch):
     """A loss that turns NaN mid-fit (forced here: lr=1e30, which drove it there before, is now refused as an option)."""
-    import hf_calibrate.fitting.neural_clamping as nc_fitting
+    import hf_calibrate.fitting.clamping.neural_clamping as nc_fitting
 
     real_focal_loss = nc_fitting.focal_loss
     monkeypatch.setattr(nc_fitting, "focal_loss", lambda *args, **kwargs: real_focal_loss(*args, **kwargs) * float("nan"))

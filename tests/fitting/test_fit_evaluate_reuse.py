@@ -32,8 +32,8 @@ from _results import flat
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.data import PreparedData
-from hf_calibrate.fitting.kept_logits import KeptLogits
-from hf_calibrate.modeling import fit_and_evaluate
+from hf_calibrate.fitting.runtime.kept_logits import KeptLogits
+from hf_calibrate.fit_evaluate import fit_and_evaluate
 
 BATCH = 150  # 449 calibration samples: 3 batches per pass
 EVALUATION = {"progress": False, "batch_size": BATCH}
@@ -169,7 +169,7 @@ def test_cli_fit_runs_the_base_once_and_reports_what_evaluate_reports(digits_cnn
     from _files import write_image_folder
 
     from hf_calibrate.cli import main
-    from hf_calibrate.fitting.probing import OUTPUT_PROBE_ROWS
+    from hf_calibrate.fitting.runtime.probing import OUTPUT_PROBE_ROWS
 
     data = digits_cnn.dataset["calibration"]
     folder = write_image_folder(tmp_path / "digits", {"calibration": data})

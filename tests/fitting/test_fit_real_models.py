@@ -22,11 +22,11 @@ import torch
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.data import prepare_data
-from hf_calibrate.fitting.auto import CANDIDATES
+from hf_calibrate.fitting.auto.selection import default_logit_candidates
 from hf_calibrate.metrics import expected_calibration_error, negative_log_likelihood
 from hf_calibrate.serialization import weights_fingerprint
 
-LOGIT_METHODS = CANDIDATES  # every logit method, as auto chooses among them
+LOGIT_METHODS = default_logit_candidates()  # every logit method, as auto chooses among them
 # Small budgets keep the suite fast on 2 CPU cores; the benchmarks run the full defaults.
 # The binning methods are fitted without their prior towards TS (prior=0), the classic maps whose in-sample
 # property test_binning_methods_flatten_their_in_sample_ece checks; their defaults are measured in benchmarks/.

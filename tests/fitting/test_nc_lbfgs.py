@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 import _tiny_models as tm
 from hf_calibrate import CalibratedModel
-from hf_calibrate.calibrators.base import InvalidOptionError
+from hf_calibrate.calibrators.options import InvalidOptionError
 from hf_calibrate.calibrators.holdout import fold_assignment
 from hf_calibrate.calibrators.neural_clamping import NeuralClamping
-from hf_calibrate.fitting import stepwise_lbfgs
-from hf_calibrate.fitting.nc_lbfgs import Penalty, resolved_folds
+from hf_calibrate.fitting.clamping import stepwise_lbfgs
+from hf_calibrate.fitting.clamping.lbfgs import Penalty, resolved_folds
 
 
 def _quadratic(matrix: torch.Tensor, target: torch.Tensor):

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from hf_calibrate import CalibratedModel
 from hf_calibrate.calibrators import CALIBRATORS, calibrator_class, fit_inverse_temperature
-from hf_calibrate.fitting.auto import CANDIDATES
+from hf_calibrate.fitting.auto.selection import default_logit_candidates
 from hf_calibrate.metrics import CalibrationMetrics, calibration_report, expected_calibration_error, negative_log_likelihood
 from hf_calibrate.serialization import weights_fingerprint
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tiny_models import LABELS, image_data, tiny_timm  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LOGIT_METHODS = CANDIDATES  # every logit method, as auto chooses among them
+LOGIT_METHODS = default_logit_candidates()  # every logit method, as auto chooses among them
 ALL_METHODS = tuple(CALIBRATORS)
 #: options that make every method's fit short (only reached where a check failed to stop it)
 FAST = {"neural_clamping": dict(epochs=1, holdout_fraction=0.0), "tst": dict(epochs=1), "vtst": dict(epochs=1), "mac_cal": dict(epochs=1)}
@@ -80,7 +80,7 @@ def test_nonfinite_input_is_refused_naming_the_sample_and_the_fix(cnn, clean, me
     with pytest.raises(ValueError) as error:
         fit(cnn, TensorDataset(pixels, labels), method)
     assert_names(error, "input 'pixel_values'", f"sample(s) {BAD_SAMPLE} ", "positions in that data", "remove or impute these samples")
-    assert "batch" not in str(error.value)  # the fit's own batches mean nothing to the user (issue 31)
+    assert "batch" not in str(error.value)  # the fit's own batches mean nothing to the user
     assert weights_fingerprint(cnn) == before and [p.requires_grad for p in cnn.parameters()] == flags
 
 
@@ -203,7 +203,7 @@ BAD_FIT_OPTIONS = [
     ("mac_cal", {"controller_gain": "1"}, "controller_gain"),
     ("mac_cal", {"initial_retention": "0.9"}, "initial_retention"),
     ("mac_cal", {"init_from_base": "no"}, "init_from_base"),
-    ("neural_clamping", {"lr": 1e308}, "lr"),  # issue 31: passed the check, then overflowed in torch
+    ("neural_clamping", {"lr": 1e308}, "lr"),  # finite, yet it would overflow in torch: the range check must refuse it
     ("neural_clamping", {"gamma": [1.0, 1e300]}, "gamma"),
     ("neural_clamping", {"delta_init_scale": 1e300}, "delta_init_scale"),
     ("tst", {"lr": 1e308}, "lr"),

@@ -245,7 +245,7 @@ def test_failed_update_leaves_state_unchanged() -> None:
 
 
 def test_sizes_of_an_evaluation_are_bounded_before_anything_is_allocated() -> None:
-    """Issue 31 item 7: n_bins=10**9 or bootstrap=10**9 tried to allocate 24 GB / 360 GB; both are refused with the fix."""
+    """n_bins=10**9 or bootstrap=10**9 would allocate 24 GB / 360 GB: both are refused before anything is allocated."""
     from torch import nn
     from torch.utils.data import TensorDataset
 

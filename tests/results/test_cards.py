@@ -382,7 +382,7 @@ def test_a_record_saved_before_in_sample_was_recorded_is_read_by_its_splits():
 
 def test_evaluate_detects_its_own_calibration_data(vit):
     """The very calibration data object, a datasets.Dataset with its fingerprint, or one derived from it holding its rows
-    (issue 31: a select of the calibration rows used to count as held-out) is in-sample; other data are not."""
+    (a select of the calibration rows included, which must not count as held-out) is in-sample; other data are not."""
     calibrated = vit["calibrated"]
     assert calibrated.evaluate(vit["data"], progress=False)["in_sample"] is True
     assert calibrated.evaluate(vit["test"], progress=False)["in_sample"] is False

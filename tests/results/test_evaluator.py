@@ -195,7 +195,7 @@ def test_bootstrap_is_scipys_over_resampled_samples(image, bootstrapped):
 
 def test_too_few_rows_give_no_interval_and_say_why(image, metric):
     """Below 30 rows the bootstrap's interval would be no evidence (one row: zero width, or scipy's error): no
-    interval, its reason, and the scores still there (issue 31, item 4: one rule with evaluate and the modules)."""
+    interval, its reason, and the scores still there (the same rule as evaluate and the metric modules)."""
     rows = _spread(image.test, MIN_INTERVAL_SAMPLES - 1)
     result = image.evaluator.compute(model_or_pipeline=image.pipelines["uncalibrated"], data=rows, metric=metric,
                                      strategy="bootstrap", n_resamples=MIN_INTERVAL_REPLICATES, random_state=11)

@@ -1,4 +1,4 @@
-"""Results pushed into a model card belong to that model, and the card tells one story (issue 39, items 3 and 4).
+"""Results pushed into a model card belong to that model, and the card tells one story.
 
 ``CalibratedModel.evaluate`` names the model it was computed on (``model_identity``: the SHA-256 of the calibration's
 safetensors bytes and the base's weights fingerprint, as a save records them); pushing results into the card of

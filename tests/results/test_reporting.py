@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import _tiny_models as tm
 from hf_calibrate import CalibratedModel
+from hf_calibrate.data import identity
 from hf_calibrate.results import reporting
 
 
@@ -33,22 +34,22 @@ def test_sources_are_named_by_what_the_user_gave(tmp_path):
     folder = tmp_path / "bbc"
     folder.mkdir()
     (folder / "validation.csv").write_text("text,label\n")
-    assert reporting.source_display_name(str(folder)) == "bbc"
-    assert reporting.source_display_name(f"{folder}/") == "bbc"
-    assert reporting.source_display_name(str(folder / "validation.csv")) == "validation.csv"
-    assert reporting.source_display_name("SetFit/bbc-news") == "SetFit/bbc-news"
+    assert identity.source_display_name(str(folder)) == "bbc"
+    assert identity.source_display_name(f"{folder}/") == "bbc"
+    assert identity.source_display_name(str(folder / "validation.csv")) == "validation.csv"
+    assert identity.source_display_name("SetFit/bbc-news") == "SetFit/bbc-news"
 
 
 def test_data_are_named_by_their_dataset_not_by_the_reader_of_their_files():
     rows = datasets.Dataset.from_dict({"x": [1, 2]}, info=datasets.DatasetInfo(dataset_name="imagefolder"),
                                       split="validation")
-    assert (reporting.data_display_name(rows), reporting.data_split(rows)) == ("local imagefolder files", "validation")
+    assert (identity.data_display_name(rows), identity.data_split(rows)) == ("local imagefolder files", "validation")
     named = datasets.Dataset.from_dict({"x": [1]}, info=datasets.DatasetInfo(dataset_name="bbc-news"))
-    assert (reporting.data_display_name(named), reporting.data_split(named)) == ("bbc-news", None)
-    assert reporting.data_display_name(datasets.Dataset.from_dict({"x": [1]})) == "datasets.Dataset"
+    assert (identity.data_display_name(named), identity.data_split(named)) == ("bbc-news", None)
+    assert identity.data_display_name(datasets.Dataset.from_dict({"x": [1]})) == "datasets.Dataset"
     tensors = TensorDataset(torch.zeros(2, 3), torch.zeros(2))
-    assert reporting.data_display_name(tensors) == reporting.data_display_name(DataLoader(tensors)) == "TensorDataset"
-    assert reporting.data_fingerprint(tensors) is None and reporting.data_fingerprint(named) == named._fingerprint
+    assert identity.data_display_name(tensors) == identity.data_display_name(DataLoader(tensors)) == "TensorDataset"
+    assert identity.data_fingerprint(tensors) is None and identity.data_fingerprint(named) == named._fingerprint
 
 
 def test_labels_of_evaluations():

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import _tiny_models as tm
+from _files import format_one_artifact
 import hf_calibrate.serialization as serialization
 from hf_calibrate import CalibratedModel
 from hf_calibrate.serialization import ArtifactError
@@ -183,7 +184,7 @@ def test_newer_format_version(copy_of):
 
 
 def test_hand_edited_record_is_refused(copy_of):
-    """A format-2 record must match its own digest: an edit that passes every other check is still refused."""
+    """A record must match its own digest: an edit that passes every other check is still refused."""
     folder = copy_of("vit")
     _edit_record(folder, lambda record: record["fit"].update(seed=123), reseal=False)
     message = _refused(folder)
@@ -200,75 +201,32 @@ def test_changed_tensor_values_are_refused(copy_of):
     assert str(folder / WEIGHTS) in message and "'files.sha256'" in message and "re-download" in message
 
 
-#: keys only format 2 writes (docs/artifact.md): a genuine format-1 record has none of them
-FORMAT_2_KEYS = ("files.manifest", "files.sha256", "record_sha256", "base_model.classifier", "input_contract.input_size",
-                 "input_contract.value_range",
-                 "fit.data_fingerprints", "fit.calibration_rows", "calibrator.shared_hidden")
-
-
-def _as_format_one(folder: Path, *, drop: tuple = FORMAT_2_KEYS, edit: Callable[[dict], None] = lambda record: None) -> None:
-    """Rewrite the record as format 1 (no digests), dropping ``drop`` and applying ``edit``."""
-    record = json.loads((folder / CONFIG).read_text())
-    edit(record)
-    record["format_version"] = 1
-    for key in drop:
-        *parents, last = key.split(".")
-        target = record
-        for part in parents:
-            target = target.get(part) or {}
-        target.pop(last, None)
-    (folder / CONFIG).write_text(json.dumps(record))
-
-
 def _set_temperature(folder: Path, temperature: float) -> None:
     tensors = load_file(str(folder / WEIGHTS))
     tensors["log_temperature"] = torch.full_like(tensors["log_temperature"], float(np.log(temperature)))
     save_file(tensors, str(folder / WEIGHTS))
 
 
-def test_a_record_downgraded_to_format_one_is_refused(copy_of):
-    """The hostile probe: edit a sealed record (label 0 renamed, T = 0.001), claim format 1 and drop the digests. The
-    record still holds keys only format 2 writes, so it is refused as tampered, even with allow_unverified=True."""
-    folder = copy_of("timm")
+def _downgraded(folder: Path) -> None:
+    """The hostile probe: a sealed record edited (label 0 renamed, T = 0.001), its digests dropped, claiming format 1."""
     _set_temperature(folder, 0.001)
-    _as_format_one(folder, drop=("files.manifest", "files.sha256", "record_sha256"),
-                   edit=lambda record: record["base_model"]["id2label"].update({"0": "zebra"}))
-    for options in ({}, {"allow_unverified": True}):
-        message = _refused(folder, **options)
-        assert str(folder / CONFIG) in message and "claims format 1" in message and "edited" in message
+    record = json.loads((folder / CONFIG).read_text())
+    record["base_model"]["id2label"]["0"] = "zebra"
+    (folder / CONFIG).write_text(json.dumps(record))
+    format_one_artifact(folder)
 
 
-def test_a_genuine_format_one_record_needs_an_explicit_opt_in(copy_of, saved):
-    """Without digests an edit cannot be detected (here T = 0.001, within every bound): refused unless
-    allow_unverified=True, which loads it with a warning. Nothing proves which of its files the library wrote, so a
-    re-save into the same folder is refused; saved elsewhere it is sealed and loads verified again."""
+@pytest.mark.parametrize("make", [format_one_artifact, _downgraded], ids=["format 1", "edited and downgraded"])
+def test_a_format_one_record_is_refused_naming_the_fix(copy_of, make):
+    """Format 1 (no manifest, no digests) predates the first release: nothing can prove such a record unedited, so it
+    is refused before anything is read or built, naming the format and the fix; the folder is left as it was."""
     folder = copy_of("timm")
-    _set_temperature(folder, 0.001)
-    _as_format_one(folder, edit=lambda record: record["fit"]["summary"]["selected"].update(temperature=0.001))
+    make(folder)
+    before = tm.file_hashes(folder)
     message = _refused(folder)
-    assert str(folder / CONFIG) in message and "format-1" in message and "allow_unverified=True" in message
-    with pytest.warns(serialization.UnverifiedArtifactWarning, match="unverified.*before digests"):
-        model = CalibratedModel.from_pretrained(folder, allow_unverified=True)
-    assert torch.allclose(model.calibrator.temperature, torch.tensor(0.001), rtol=1e-4)
-    with pytest.raises(FileExistsError, match="cannot prove it wrote"):
-        model.save_pretrained(folder)
-    model.save_pretrained(folder.parent / "sealed")
-    assert json.loads((folder.parent / "sealed" / CONFIG).read_text())["format_version"] == 2
-    assert CalibratedModel.from_pretrained(folder.parent / "sealed").method == "neural_clamping"
-
-
-def test_a_format_one_record_is_still_checked_against_its_base(copy_of):
-    """allow_unverified skips nothing that can be checked: a renamed label still differs from the base's."""
-    folder = copy_of("timm")
-    _as_format_one(folder, edit=lambda record: record["base_model"]["id2label"].update({"0": "zebra"}))
-    with pytest.warns(serialization.UnverifiedArtifactWarning):
-        message = _refused(folder, allow_unverified=True)
-    assert "'zebra'" in message and "with the base it was fitted on" in message
-
-
-def test_allow_unverified_must_be_a_boolean(saved):
-    with pytest.raises(TypeError, match="allow_unverified must be True or False"):
-        CalibratedModel.from_pretrained(saved["timm"], allow_unverified="yes")
+    assert str(folder / CONFIG) in message and "format_version 1" in message and "reads (2 to 3" in message
+    assert "fit the calibration again and save it with this version" in message
+    assert tm.file_hashes(folder) == before
 
 
 def test_not_json(copy_of):

@@ -215,9 +215,9 @@ def test_files_the_previous_artifact_owned_do_not_linger(tmp_path):
     assert (target / "notes.txt").read_text() == "mine"
 
 
-def test_a_save_over_a_format_one_folder_changes_nothing(tmp_path):
-    """A format-1 folder (no digests) holding a user's tokenizer and notes: nothing proves which files the library
-    wrote, so the save is refused naming the record and the fix, and every file stays as it was."""
+def test_a_save_over_an_unsealed_folder_changes_nothing(tmp_path):
+    """A folder whose record carries no digests (format 1) holding a user's tokenizer and notes: nothing proves which
+    files the library wrote, so the save is refused naming the record and the fix, and every file stays as it was."""
     from _files import format_one_artifact
 
     base, data, _ = tm.make_base("timm")
@@ -306,5 +306,5 @@ def test_an_unsealed_record_is_named_with_the_way_out(models, target):
     record = json.loads((target / serialization.CALIBRATION_CONFIG).read_text())
     record["fit"]["note"] = "edited by hand"
     (target / serialization.CALIBRATION_CONFIG).write_text(json.dumps(record))
-    with pytest.raises(FileExistsError, match="carries no valid seal.*allow_unverified=True.*new folder"):
+    with pytest.raises(FileExistsError, match="carries no valid seal.*save into a new folder"):
         models["second"].save_pretrained(target)

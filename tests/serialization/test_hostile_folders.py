@@ -1,4 +1,5 @@
-"""Folders made to attack the loader and the next save (issue: a journal replayed at load deleted a user's files).
+"""Folders made to attack the loader and the next save: a loader that replays what a folder holds (a save journal,
+say) can be made to delete a user's files.
 
 Someone hands you a model folder (a download, a zip, a shared drive). Whatever it holds — an old save journal, links
 out of the folder, a staging folder that is a link, a sealed record claiming a user's files — loading it writes
@@ -20,7 +21,7 @@ import pytest
 
 import _tiny_models as tm
 from test_reliability_artifacts import (
-    CONFIG, HANDLED, LOST, REFUSED, SILENT, STAGING, UNCLEAR, WEIGHTS, Bed, Case, edit_record, leftovers, tree_state,
+    HANDLED, LOST, REFUSED, SILENT, STAGING, UNCLEAR, WEIGHTS, Bed, Case, edit_record, leftovers, tree_state,
 )
 
 from hf_calibrate import CalibratedModel

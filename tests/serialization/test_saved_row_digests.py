@@ -1,4 +1,4 @@
-"""A loaded model knows its calibration rows (issue 42, item 2): the record keeps a 16-byte digest of each row of
+"""A loaded model knows its calibration rows: the record keeps a 16-byte digest of each row of
 ``datasets`` or tensor calibration data (``fit.calibration_rows``), and ``evaluate`` of the loaded model counts the evaluated rows
 among them as the fitted model does. What cannot be compared is unknown (None), never a confident False; a save with
 ``row_digests=False`` keeps none; a malformed entry is refused on load like any broken record.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 import datasets
