@@ -179,8 +179,7 @@ def head_sets(model_name: str) -> Dict[str, Any]:
 
 def run_heads(dec: Any, models: Sequence[str], seeds: Sequence[int], epochs_override: Optional[int]) -> Dict[str, Any]:
     """Part B: per model and seed, every head row."""
-    shared = getattr(head_calibrators.VariationalTwoStageHead(2, 64), "shared_hidden", True)  # no attribute: before V1
-    results: Dict[str, Any] = {"min_default_steps": head_calibrators.MIN_DEFAULT_STEPS, "vtst_shared_hidden": shared, "models": {}}
+    results: Dict[str, Any] = {"min_default_steps": head_calibrators.MIN_DEFAULT_STEPS, "models": {}}
     for model_name in models:
         sets = head_sets(model_name)
         runs = []

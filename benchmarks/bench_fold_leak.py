@@ -10,7 +10,7 @@ Per size, for each candidate of ``method="auto"`` among the maps below, this scr
 * its cross-fitted NLL − TS on stratified folds, and on the library's folds (rows dealt at random,
   ``holdout.cross_fitting_folds``);
 * its NLL − TS on a new draw, fitted on all the rows: the truth the cross-fitted score estimates; and
-* what ``auto``'s rule (``fitting.auto.choose``) chose on each deal, with the new-draw NLL − TS of that choice.
+* what ``auto``'s rule (``fitting.auto.selection.choose``) chose on each deal, with the new-draw NLL − TS of that choice.
 
 Sizes: 449 × 10 (10 seeds), 5,000 × 100 (4 seeds) and 20,000 × 1,000 (1 seed; TS and the structured maps only).
 Means over seeds.
@@ -186,7 +186,7 @@ NOTES = [
     "- Folds: the library's default count (5 at 449 × 10 and 5,000 × 100, 2 at 20,000 × 1,000), seed 0. Random: the "
     "library's `holdout.cross_fitting_folds`. Stratified: the same, its `fold_assignment` replaced by this script's "
     "`stratified_assignment` (same seeded shuffle, then dealt by class).",
-    "- Each map is fitted as auto fits it (`fitting.auto_scoring.score_candidates`: its fit on all the rows is the "
+    "- Each map is fitted as auto fits it (`fitting.auto.scoring.score_candidates`: its fit on all the rows is the "
     "one scored on the new draw).",
     "- The zoo: each model's calibration ∪ test rows (`bench_safe_defaults.cached_logits`), split per seed (0–9) into "
     "halves drawn at random or stratified by label; `auto` fitted on the calibration half through `CalibratedModel.fit` "

@@ -2,7 +2,7 @@
 
 The default check of vector, matrix and Dirichlet calibration (λ = 1 against TS by K-fold cross-fitting, then the
 fit on all rows) is K + 1 fits. ``LinearMap.fits_jointly`` decides whether they run as one joint fit of stacked
-problems (``calibrators.linear_maps``) or one by one. For each map, at sizes around its limits, this script fits
+problems (``calibrators.solvers.linear_maps``) or one by one. For each map, at sizes around its limits, this script fits
 the same rows both ways (``LinearMap.fits_jointly`` patched to True or False), round by round interleaved, and gives
 the median time of each, their ratio, and the largest difference between the two runs' cross-fitted scores (the
 optimisers' tolerance: the two must choose alike).

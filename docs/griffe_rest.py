@@ -9,6 +9,9 @@ stays. This extension rewrites each docstring before it is parsed, changing how 
 * ``:role:`~.name``` → ``name`` in code (the role's target is often relative, so it is not made a link);
 * ``Example:`` → ``Examples:``, Google style's section for doctests (rendered as Python console code);
 * a line ending in ``::`` → ``:`` (the indented block after it is a Markdown code block already);
+* the placeholder of ``CalibratedModel.fit``'s method list → the list, as ``help()`` shows it once the model is
+  imported (:func:`hf_calibrate.fitting.method_docs.with_method_list`; Markdown would read the placeholder as an HTML
+  tag and show nothing);
 * an ``Args:`` entry naming several parameters (``dataset_name, split: ...``) → one entry per parameter, each with
   the whole description, so Griffe checks every name against the signature (a stale one still fails
   ``--strict``).
@@ -59,9 +62,22 @@ def one_entry_per_parameter(text: str) -> str:
     return "\n".join(out)
 
 
+def with_methods(text: str) -> str:
+    """``text`` with ``CalibratedModel.fit``'s method-list placeholder replaced by the registered methods."""
+    from hf_calibrate.fitting.method_docs import METHODS_PLACEHOLDER, with_method_list
+
+    if METHODS_PLACEHOLDER not in text:
+        return text
+    import inspect
+
+    from hf_calibrate.modeling import CalibratedModel
+
+    return with_method_list(text, inspect.signature(CalibratedModel.fit).parameters["method"].default)
+
+
 def as_markdown(text: str) -> str:
     """``text``, a docstring, with its reStructuredText markup as Markdown (see the module docstring)."""
-    text = LITERAL.sub(r"\1:", EXAMPLE.sub(r"\1Examples:", ROLE.sub(r"`\1`", text)))
+    text = LITERAL.sub(r"\1:", EXAMPLE.sub(r"\1Examples:", ROLE.sub(r"`\1`", with_methods(text))))
     return one_entry_per_parameter(text)
 
 

@@ -33,7 +33,11 @@ _EXPORTS = {
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        try:
+            module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        except AttributeError as error:  # else Python reports it as "cannot import name", hiding the cause
+            raise ImportError(f"importing {__name__}.{_EXPORTS[name]} (for {name}) failed: {error}") from error
+        return getattr(module, name)
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")  # a module of the package (hf_calibrate.results, ...)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

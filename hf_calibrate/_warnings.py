@@ -10,13 +10,18 @@ from types import FrameType
 from typing import Any, Iterator, Set, Tuple, Type
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: libraries whose frames stand between a user's call and the calibrated model (their code is never the user's line)
+_CALLING_LIBRARIES = frozenset({"torch", "transformers"})
 
 
 def _is_library(frame: FrameType) -> bool:
-    """Whether ``frame`` runs ``hf_calibrate``'s code, or the ``warnings`` module's (that of a warning being shown,
-    which :func:`relayed` says again as its own)."""
-    return (os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR)
-            or frame.f_globals.get("__name__") == warnings.__name__)
+    """Whether ``frame`` runs ``hf_calibrate``'s code, that of a library calling the model (torch's
+    ``nn.Module.__call__`` between a user's ``model(x)`` and the calibrated model's ``forward``, a transformers
+    pipeline's), or the ``warnings`` module's (that of a warning being shown, which :func:`relayed` says again as its
+    own)."""
+    name = frame.f_globals.get("__name__") or ""
+    return (os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR) or name == warnings.__name__
+            or name.split(".")[0] in _CALLING_LIBRARIES)
 
 
 def user_stacklevel() -> int:

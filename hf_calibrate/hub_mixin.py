@@ -49,7 +49,7 @@ class CalibratedHubMixin:
                 so pipelines find it.
             overwrite_card: replace a ``README.md`` in the folder that hf_calibrate did not write.
             repo_id: the hub id the card's title and usage snippet show (default: the title is this folder's name and
-                the snippet a placeholder, "<user>/<folder name>", never the folder's path).
+                the snippet a placeholder, ``"<user>/<folder name>"``, never the folder's path).
             row_digests: keep a 16-byte digest of each calibration row (``datasets`` data, tensors) in the record (up to
                 250,000 rows), so that the loaded model tells when data it evaluates are calibration rows. Anyone who
                 holds a row can then tell whether it was one: pass False for private data.

@@ -2,8 +2,8 @@
 
 ``CalibratedModel`` is a ``PreTrainedModel`` with its own config (``model_type
 "hf_calibrate"``), registered with ``AutoConfig``, ``AutoModelForImageClassification`` and
-``AutoModelForSequenceClassification`` on ``import hf_calibrate``, so transformers pipelines
-and ``Auto*.from_pretrained`` work with it. The base may be a timm model, a transformers
+``AutoModelForSequenceClassification`` when this module is imported (``from hf_calibrate import CalibratedModel``),
+so transformers pipelines and ``Auto*.from_pretrained`` work with it. The base may be a timm model, a transformers
 image/sequence classifier or a plain ``nn.Module``; a backbone adapter (``hf_calibrate.backbones``)
 hides the difference.
 

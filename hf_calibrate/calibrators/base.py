@@ -99,6 +99,8 @@ class Calibrator(nn.Module):
     description: ClassVar[str] = ""
     #: BibTeX entry of the method's paper ("" when there is none)
     citation: ClassVar[str] = ""
+    #: what the default options need of the data beyond ``requirements`` (docs/methods.md's "least data"; "" when nothing)
+    least_data_note: ClassVar[str] = ""
     #: True when fitting needs forward passes through the base model (not just cached logits); set by the family.
     needs_base_model: ClassVar[bool] = False
     #: True when fitting trains a new head on the base's penultimate features; set by the family.

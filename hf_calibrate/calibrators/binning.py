@@ -230,6 +230,7 @@ class HistogramBinning(Calibrator):
         "naive Bayesian classifiers}, author={Zadrozny, Bianca and Elkan, Charles}, booktitle={ICML}, year={2001}}"
     )
     requirements, footprint = BINNING_REQUIREMENTS, BINNING_FOOTPRINT
+    least_data_note = "at least n_bins rows (15 by default)"
 
     @dataclasses.dataclass
     class Options(PriorOptions):

@@ -124,6 +124,7 @@ class HeadCalibrator(Calibrator):
     Options = HeadOptions
     #: a head has per-class output weights: refused on one class, warned about (naming them) when classes are absent
     requirements = DataRequirements(classes=2, per_class=True)
+    least_data_note = "3 rows with the default holdout_fraction (one held out to select the epoch on)"
     #: name of the base's classifier layer the head replaces (set by the fit)
     classifier: Optional[str] = None
 

@@ -7,10 +7,6 @@ the data, measures the input contract, fits the calibrator (:func:`hf_calibrate.
 and returns what the model is built from (:class:`FittedCalibration`): the calibrator, the config,
 the fit summary, the provenance the record keeps, the preprocessor to save, and the base logits
 the fit computed when asked to keep them.
-
-The warnings raised under it that point at the user's line count on being called from the
-user's entry point directly (``fit`` → :func:`fit_calibration` → :func:`input_contract` /
-``contract_preprocessor``); keep that depth.
 """
 
 from __future__ import annotations

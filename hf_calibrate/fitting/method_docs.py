@@ -61,7 +61,7 @@ def method_row(cls: Type[Calibrator]) -> List[str]:
     key = citation_key(cls.citation)
     stated = getattr(cls, "requirements", DataRequirements() if cls.fitted_on_logits() else None)  # a logit fit's default
     return [f"`{cls.method}`", cls.title or cls.method, family_of(cls).name, cls.description or "—",
-            least_data(stated), "yes" if cls.preserves_argmax else "no",
+            "; ".join(part for part in (least_data(stated), cls.least_data_note) if part), "yes" if cls.preserves_argmax else "no",
             candidacy(cls.method), f"`{key}`" if key else "—"]
 
 
@@ -113,9 +113,12 @@ def method_list(default: str) -> List[str]:
                                                                    f"{items[-1]};"]]
 
 
-def with_method_list(docstring: str, default: str, width: int = 120) -> str:
+def with_method_list(docstring: Optional[str], default: str, width: int = 120) -> Optional[str]:
     """``docstring`` with its :data:`METHODS_PLACEHOLDER` line replaced by :func:`method_list`, wrapped at ``width``
-    columns (an item is never split, so a line may pass ``width`` by one item) with the placeholder's indentation."""
+    columns (an item is never split, so a line may pass ``width`` by one item) with the placeholder's indentation;
+    None as it is (``python -OO`` drops docstrings)."""
+    if docstring is None:
+        return None
     lines = docstring.splitlines()
     index = next(index for index, line in enumerate(lines) if line.strip() == METHODS_PLACEHOLDER)
     indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
@@ -132,10 +135,17 @@ def stale_message(path: Path) -> str:
     return f"{path} is not the page the method registry renders (a method was added or changed): run `{REGENERATE}` and commit it."
 
 
+def _checkout_page() -> Path:
+    """The page of the checkout this package is imported from (an editable install), else :data:`PAGE` here."""
+    root = Path(__file__).resolve().parents[2]
+    return root / PAGE if (root / PAGE.parent).is_dir() else PAGE
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Write the page (or, with ``--check``, say whether it is current: exit status 0 or 1)."""
     parser = argparse.ArgumentParser(prog=REGENERATE, description="Render docs/methods.md from the method registry.")
-    parser.add_argument("path", nargs="?", type=Path, default=PAGE, help=f"where to write it (default: {PAGE})")
+    parser.add_argument("path", nargs="?", type=Path, default=_checkout_page(),
+                        help=f"where to write it (default: the checkout's {PAGE}, wherever this runs from)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit with 1 when the file is not current")
     args = parser.parse_args(argv)
     page = render_page()

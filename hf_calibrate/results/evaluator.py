@@ -186,6 +186,17 @@ def _non_probability_feature(module: EvaluationModule) -> Optional[Any]:
 # ----------------------------------------------------------------------------- the evaluators
 
 
+def _unregistered(error: ValueError) -> Optional[ValueError]:
+    """transformers' error on loading a calibrated model by name before the Auto classes know it, said with the fix
+    (registering is the model module's: this module sits below it); None for any other error."""
+    if "hf_calibrate" not in str(error):
+        return None
+    return ValueError(
+        f"{error}\nA calibrated model is loaded by name once transformers knows its model type: run "
+        "`from hf_calibrate import CalibratedModel` (or `hf_calibrate.register_auto_classes()`) before this evaluator."
+    )
+
+
 class _ProbabilityEvaluation:
     """What :func:`calibration_evaluator`'s classes change in ``evaluate``'s classification evaluators (put it first
     in the bases): the data, the pipeline and the metric are checked, and the metric gets probabilities."""
@@ -236,7 +247,13 @@ class _ProbabilityEvaluation:
     ) -> Pipeline:
         """A pipeline of this evaluator's task: built from a model or hub id as evaluate does, or the one given."""
         if isinstance(model_or_pipeline, (str, PreTrainedModel)):
-            pipe = super().prepare_pipeline(model_or_pipeline, tokenizer, feature_extractor, device)  # type: ignore[misc]
+            try:
+                pipe = super().prepare_pipeline(model_or_pipeline, tokenizer, feature_extractor, device)  # type: ignore[misc]
+            except ValueError as error:
+                unregistered = _unregistered(error)
+                if unregistered is None:
+                    raise
+                raise unregistered from error
         elif isinstance(model_or_pipeline, Pipeline):
             pipe = model_or_pipeline
             if tokenizer is not None or feature_extractor is not None:

@@ -26,7 +26,7 @@ from .files import BASE_FOLDER, CALIBRATION_CONFIG, CARD_FILE
 from .identity import weights_fingerprint
 from .ownership import file_sha256, staging_folders
 from .stated_values import check_stated_values
-from .schema import MAX_RECORD_BYTES, RESAVE, ArtifactError, _fail, validate_record
+from .schema import MAX_RECORD_BYTES, REFIT, RESAVE, ArtifactError, _fail, validate_record
 from .value_checks import path_problem
 
 # Bounds of the calibration tensors, checked before anything is allocated.
@@ -125,7 +125,8 @@ def _expected_tensors(cls: type, config: Dict[str, Any], file: Any) -> Dict[str,
     required = {parameter.name for parameter in parameters if parameter.default is inspect.Parameter.empty}
     unknown, missing = sorted(set(config) - names), sorted(required - set(config))
     if unknown or missing:
-        _fail(file, "key 'calibrator'", f"does not fit method {cls.method!r} (unknown keys {unknown}, missing keys {missing})")
+        _fail(file, "key 'calibrator'", f"does not fit method {cls.method!r} (unknown keys {unknown}, missing keys {missing})",
+              fix=f"a newer hf-calibrate may have written it (`pip install -U hf-calibrate`); else {REFIT}")
     try:
         with torch.device("meta"):
             probe = cls.from_config(config)

@@ -35,7 +35,8 @@ MAX_DELTA_ELEMENTS = 2**26  # 3 × 4096 × 4096 images fit
 
 RESAVE = "re-save or re-download the calibration (CalibratedModel.save_pretrained, or from_pretrained(..., force_download=True))."
 UPGRADE = "Upgrade hf-calibrate (`pip install -U hf-calibrate`) if the calibration comes from a newer version, else re-save it."
-REFIT = "fit the calibration again and save it with this version (CalibratedModel.fit(...).save_pretrained(...))."
+REFIT = ("fit the calibration again and save it with this version into a new folder "
+         "(CalibratedModel.fit(...).save_pretrained(new_folder)).")
 
 
 class ArtifactError(ValueError):

@@ -1,4 +1,4 @@
-"""Streamed calibration data, piece by piece (hf_calibrate.data.streams.units / stream, fitting.scan), with tiny models.
+"""Streamed calibration data, piece by piece (hf_calibrate.data.streams, hf_calibrate.fitting.runtime.scan), with tiny models.
 
 The real-model comparisons of every form against the map-style data are in tests/data/test_data_forms.py;
 here: the engine's block shuffle, the stream index, serving a plan, the re-read checks and every

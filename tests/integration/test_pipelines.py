@@ -180,8 +180,9 @@ def test_texts_longer_than_the_calibrated_max_length_are_named():
     with pytest.raises(ValueError, match=r"positions this model takes\. Truncate the texts at the max_length=16 they were "
                                          r"calibrated at: pipe\(texts, truncation=True, max_length=16\)"):
         pipe(long)
-    with pytest.warns(UserWarning, match=r"a text of \d+ tokens, longer than the max_length=16 the calibration was fitted at"):
+    with pytest.warns(UserWarning, match=r"a text of \d+ tokens, longer than the max_length=16 the calibration was fitted at") as said:
         pipe(medium)
+    assert said[0].filename == __file__  # the user's line, not the pipeline's or torch's that call the model
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pipe(medium)  # said once per model

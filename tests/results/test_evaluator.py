@@ -380,3 +380,25 @@ def test_partly_in_sample_data_warn_with_the_count(image, metric):
     mixed = datasets.concatenate_datasets([image.test.select(range(20)), image.calibration.select(range(10))])
     with pytest.warns(UserWarning, match="partly in-sample: 10 of 30 rows are data the calibration was fitted on"):
         image.evaluator.compute(model_or_pipeline=image.pipelines["calibrated"], data=mixed, metric=metric)
+
+
+def test_a_calibrated_model_named_before_the_model_module_is_imported_is_refused_with_the_fix(tmp_path):
+    """The evaluator sits below the model module and cannot register it with transformers: a calibrated model named by
+    folder or hub id, before ``CalibratedModel`` is imported, gets transformers' error plus the import that fixes it."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "hf_calibrate"}))
+    code = textwrap.dedent(f"""
+        import sys
+        from hf_calibrate.results.evaluator import calibration_evaluator
+        assert "hf_calibrate.modeling" not in sys.modules
+        try:
+            calibration_evaluator("image-classification").prepare_pipeline({str(tmp_path)!r})
+        except ValueError as error:
+            print(error)
+    """)
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert "hf_calibrate" in shown.stdout and "from hf_calibrate import CalibratedModel" in shown.stdout, shown.stdout

@@ -79,7 +79,7 @@ class StreamedData:
     """Calibration data held as a stream: see the module docstring.
 
     Attributes:
-        source: the units (:mod:`hf_calibrate.streams.sources`).
+        source: the units (:mod:`hf_calibrate.data.streams.units`).
         description, name, split, preprocessed_here, role: as for :class:`hf_calibrate.data.PreparedData`.
         class_names: always None (a stream does not carry class names; :class:`hf_calibrate.data.PreparedData` may).
         pad_id: the token id sequences are padded with when batches are joined.

@@ -1,1 +1,1 @@
-"""``method="auto"``: the method chosen by cross-fitted NLL (:mod:`.selection.selection`), its logit candidates' scores, Neural Clamping under a budget and the head methods when named."""
+"""``method="auto"``: the method chosen by cross-fitted NLL (:mod:`.selection`), its logit candidates' scores, Neural Clamping under a budget and the head methods when named."""
