@@ -76,7 +76,6 @@ class Backbone(ABC):
     def __init__(self, model: nn.Module, classifier: Optional[str] = None) -> None:
         self.model = model
         self._classifier: Optional[Tuple[str, nn.Linear]] = None
-        self._warned_length = False  # a text longer than calibrated_max_length was warned about (text backbones)
         if classifier is not None:
             self._classifier = self._named_classifier(classifier)
 

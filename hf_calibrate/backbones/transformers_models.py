@@ -147,6 +147,8 @@ class TransformersTextBackbone(_TransformersBackbone):
     modality = "text"
     delta_space = "inputs_embeds"
     input_key = "input_ids"
+    #: a text longer than ``calibrated_max_length`` was warned about (once per model; set on the instance)
+    _warned_length = False
 
     def default_delta_shape(self) -> Tuple[int, ...]:
         return (int(self.model.get_input_embeddings().embedding_dim),)

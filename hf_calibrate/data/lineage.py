@@ -37,6 +37,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Subset, TensorDataset
 
+from .identity import is_datasets_object
+
 #: ``datasets`` example iterables that only reorder or regroup the rows of the ones they wrap (a rebatching that drops
 #: its last batch does not count)
 _REORDERING = ("BufferShuffledExamplesIterable", "InterleavedShardsExamplesIterable", "RebatchedArrowExamplesIterable")
@@ -119,7 +121,7 @@ def shared_rows(data: Any, fitted: Iterable[Any]) -> Optional[SharedRows]:
             if columns is not None:
                 shared |= np.isin(np.concatenate([row_digests(piece, columns) for piece in parts]), item.digests)
             continue
-        other = _parts(item) if _is_datasets(item) or _is_datasets_subset(item) else None
+        other = _parts(item) if is_datasets_object(item) or _is_datasets_subset(item) else None
         if other is None:
             comparable = False
             continue
@@ -301,13 +303,9 @@ def _memory_address(array: Any) -> int:
     return next((buffer.address for buffer in array.buffers() if buffer is not None), 0)
 
 
-def _is_datasets(data: Any) -> bool:
-    return type(data).__module__.split(".")[0] == "datasets"
-
-
 def _is_datasets_subset(data: Any) -> bool:
     """A torch ``Subset`` of a ``datasets.Dataset`` (e.g. the part of a DataLoader's dataset its sampler reads)."""
-    return isinstance(data, Subset) and type(data.dataset).__name__ == "Dataset" and _is_datasets(data.dataset)
+    return isinstance(data, Subset) and type(data.dataset).__name__ == "Dataset" and is_datasets_object(data.dataset)
 
 
 def _parts(data: Any) -> Optional[List[Any]]:
@@ -316,7 +314,7 @@ def _parts(data: Any) -> Optional[List[Any]]:
     kind = type(data).__name__
     if _is_datasets_subset(data):
         return [data.dataset.select([int(index) for index in data.indices])]  # the same Arrow memory, an index mapping
-    if not _is_datasets(data):
+    if not is_datasets_object(data):
         return None
     if kind == "Dataset":
         return [data]
